@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make run` serves the demo, `make test` runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= config.yaml
+# Workers need TensorFlow: the CPU-only wheel unless this host has an NVIDIA driver.
+TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow || echo tensorflow-cpu)
+STAMP := $(VENV)/.installed-$(TF_EXTRA)
+
+.PHONY: run test lint unit install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(TF_EXTRA),dev]"
+	touch $@
+
+install: $(STAMP)
+
+models/demo/saved_model.pb: | $(STAMP)
+	$(VENV)/bin/tfsupervisor demo-model models/demo
+
+run: $(STAMP) models/demo/saved_model.pb
+	@echo "Serving model 'demo' from $(CONFIG). In another terminal:"
+	@echo "  $(VENV)/bin/tfsupervisor infer -c $(CONFIG) demo --random --batch 4"
+	@echo "  $(VENV)/bin/tfsupervisor status -c $(CONFIG)"
+	@echo "Ctrl-C drains the workers and stops."
+	$(VENV)/bin/tfsupervisor run -c $(CONFIG)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check supervisor worker tests
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -ra
+
+# The fast half: no TensorFlow process is started.
+unit: $(STAMP)
+	$(PY) -m pytest -q -m "not tf"
+
+clean:
+	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,193 @@
+"""The `tfsupervisor` command: run, check, infer, status, demo-model, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supervisor.config import Config, config_schema, load_config
+from supervisor.settings import ConfigErrors
+from supervisor.units import format_duration, format_size
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _version() -> str:
+    try:
+        return version("tfsupervisor")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigErrors as errors:
+        print(f"{path}: {len(errors.errors)} error(s)", file=sys.stderr)
+        for error in errors.errors:
+            print(f"  {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from supervisor import logs
+    from supervisor.daemon import Daemon
+
+    config = _load(args.config)
+    logs.configure(config.supervisor.log_level, args.log_format)
+    daemon = Daemon(config)
+    daemon.pool.log_format = args.log_format
+    return daemon.run()
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    workers = sum(m.workers for m in config.models.values())
+    print(f"{args.config}: OK — {len(config.models)} model(s) "
+          f"({', '.join(sorted(config.models))}), {workers} worker(s), "
+          f"frontend {', '.join(config.supervisor.endpoints)}")
+    return 0
+
+
+def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
+    shape = [batch if i == 0 and d is None else (1 if d is None else d)
+             for i, d in enumerate(spec["shape"])]
+    dtype = np.dtype(spec["dtype"])
+    rng = np.random.default_rng()
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.integers(0, 10, shape).astype(dtype)
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from supervisor.client import Client, JobError
+
+    config = _load(args.config)
+    inputs: dict[str, np.ndarray] = {}
+    with Client(list(config.supervisor.endpoints), timeout=args.timeout) as client:
+        try:
+            if args.random:
+                model = client.models().get(args.model)
+                if model is None or model.get("inputs") is None:
+                    print(f"model '{args.model}' is not served or its inputs are not known "
+                          "yet (no worker ready)", file=sys.stderr)
+                    return 1
+                inputs = {s["name"]: _random_input(s, args.batch) for s in model["inputs"]}
+            for item in args.input:
+                name, _, path = item.partition("=")
+                inputs[name] = np.load(path, allow_pickle=False)
+            outputs = client.infer(args.model, inputs)
+        except JobError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    np.set_printoptions(threshold=50, edgeitems=4)
+    for name, array in outputs.items():
+        print(f"{name}: {array.dtype}{list(array.shape)}")
+        print(array)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from supervisor.client import JobError, control
+
+    config = _load(args.config)
+    try:
+        report = control(config.supervisor.control, "status", timeout=args.timeout)
+    except JobError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_status(report))
+    return 0
+
+
+def render_status(report: dict[str, Any]) -> str:
+    rows = [("MODEL", "WORKER", "PID", "STATE", "RSS", "JOBS", "AGE", "NOTE")]
+    notes = []
+    for name, model in sorted(report["models"].items()):
+        for w in model["workers"]:
+            rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w["rss"]),
+                         str(w["jobs"]), format_duration(w["age"]), w.get("recycle_reason") or ""))
+        recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
+        state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+        notes.append(f"{name}: {state}; queued {model['queued']}, in flight "
+                     f"{model['in_flight']}; recycles: {recycles}")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    return "\n".join([*lines, "", *notes])
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if (path / "saved_model.pb").exists() and not args.force:
+        print(f"{path}: demo model already there (use --force to rebuild)")
+        return 0
+    # Built in a child process: the `tfsupervisor` command itself never imports TensorFlow.
+    code = subprocess.call([sys.executable, "-m", "worker.demo_model", str(path)])
+    if code == 0:
+        print(f"{path}: demo model written (SavedModel, signature serving_default)")
+    return code
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(config_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfsupervisor",
+        description="Supervise TensorFlow inference workers: ZeroMQ jobs, memory-aware "
+                    "recycling.")
+    parser.add_argument("--version", action="version", version=f"tfsupervisor {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Any, help: str, config: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        if config:
+            p.add_argument("-c", "--config", default=DEFAULT_CONFIG,
+                           help=f"config file (default {DEFAULT_CONFIG})")
+        p.set_defaults(func=func)
+        return p
+
+    run = add("run", cmd_run, "Run the supervisor in the foreground.")
+    run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
+    add("check", cmd_check, "Validate a config file; exit 1 on any error.")
+    infer = add("infer", cmd_infer, "Submit one job and print its outputs.")
+    infer.add_argument("model")
+    infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="an input array from a .npy file (repeatable)")
+    infer.add_argument("--random", action="store_true",
+                       help="generate every input from the model's spec")
+    infer.add_argument("--batch", type=int, default=1, help="batch size with --random")
+    infer.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    status = add("status", cmd_status, "Show models and workers of a running supervisor.")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--timeout", type=float, default=5.0)
+    demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
+               config=False)
+    demo.add_argument("path", nargs="?", default="models/demo")
+    demo.add_argument("--force", action="store_true")
+    add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

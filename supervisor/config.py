@@ -1,0 +1,330 @@
+"""tfsupervisor's configuration: every key declared once, loaded from YAML, validated whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from supervisor.settings import (
+    Bool,
+    Choice,
+    ConfigError,
+    ConfigErrors,
+    Duration,
+    Float,
+    FreeMap,
+    Int,
+    ListOf,
+    MapOf,
+    Optional,
+    Section,
+    Size,
+    Str,
+    parse_section,
+    section_schema,
+    setting,
+)
+
+# ipc:// paths are limited by sockaddr_un (108 bytes including the terminating NUL).
+MAX_IPC_PATH = 107
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """When a worker must go. Defaults are safe for TensorFlow: see docs/policy.md."""
+
+    memory_metric: str = setting(
+        Choice("rss", "uss", "pss"), "rss",
+        "Memory figure judged: rss (cheap), uss (private pages) or pss (shared pages split).")
+    warmup_jobs: int = setting(
+        Int(0), 100, "Jobs a worker must have done before its memory trend is judged.")
+    warmup_seconds: float = setting(
+        Duration(), 30.0, "Age a worker must have before its memory trend is judged.")
+    max_memory: int | None = setting(
+        Optional(Size()), None, "Soft memory limit: crossing it recycles the worker gracefully.")
+    kill_memory: int | None = setting(
+        Optional(Size()), None, "Hard memory limit: crossing it kills the worker at once; "
+        "its jobs are requeued.")
+    max_growth_per_1k_jobs: int | None = setting(
+        Optional(Size()), 100 * 1024**2,
+        "Recycle when memory grows faster than this per 1000 jobs (robust trend, after warm-up).")
+    max_growth_per_hour: int | None = setting(
+        Optional(Size()), 1024**3,
+        "Recycle when memory grows faster than this per hour (robust trend, after warm-up).")
+    trend_window: int = setting(
+        Int(8), 60, "Samples (one per poll interval) the trend is fitted on.")
+    trend_confirmations: int = setting(
+        Int(1), 3, "Consecutive evaluations the trend must hold before a recycle.")
+    trend_horizon: float = setting(
+        Duration(), 86400.0,
+        "Growth projected to stay under max_memory for this long is not acted on.")
+    max_vram: int | None = setting(
+        Optional(Size()), None, "Soft GPU memory limit (NVML, per process).")
+    max_vram_growth_per_1k_jobs: int | None = setting(
+        Optional(Size()), None, "Recycle when GPU memory grows faster than this per 1000 jobs.")
+    max_jobs: int | None = setting(
+        Optional(Int(1)), None, "Recycle after this many jobs (jittered per worker).")
+    max_age: float | None = setting(
+        Optional(Duration()), None, "Recycle after this age (jittered per worker).")
+    jitter: float = setting(
+        Float(0.0, 0.5), 0.1, "Fraction by which max_jobs and max_age are lowered at random "
+        "per worker, so a pool never recycles in lockstep.")
+    job_timeout: float | None = setting(
+        Optional(Duration()), None, "A job running longer is answered 'timeout' and its "
+        "worker killed (TensorFlow cannot be interrupted safely).")
+    drain_timeout: float = setting(
+        Duration(), 60.0, "How long a recycled worker may take to finish its in-flight jobs "
+        "before they are requeued and it is killed.")
+    max_attempts: int = setting(
+        Int(1), 2, "Workers a job may be sent to; a job that killed this many is a poison job.")
+    max_concurrent_recycles: int = setting(
+        Int(1), 1, "Recycles of this model's workers under way at once.")
+    surge: bool = setting(
+        Bool(), True, "Start the replacement and wait for it to be ready before draining.")
+    min_lifetime: float = setting(
+        Duration(), 120.0, "A worker recycled for memory younger than this means the policy is "
+        "too tight: further recycles back off and a loud event is logged.")
+
+    def check(self, path: str) -> list[ConfigError]:
+        if self.kill_memory is not None and self.max_memory is not None \
+                and self.kill_memory <= self.max_memory:
+            return [ConfigError(f"{path}.kill_memory", "must be larger than max_memory")]
+        return []
+
+
+@dataclass(frozen=True)
+class TfConfig:
+    """TensorFlow runtime settings, applied in the worker before the model loads."""
+
+    intra_op_threads: int = setting(Int(0), 0, "Threads inside one op (0: TensorFlow's choice).")
+    inter_op_threads: int = setting(Int(0), 0, "Ops run in parallel (0: TensorFlow's choice).")
+    gpu_memory_growth: bool = setting(
+        Bool(), True, "Let the GPU pool grow on demand instead of taking the whole card.")
+    gpu_memory_limit: int | None = setting(
+        Optional(Size()), None, "Cap on this worker's GPU pool (a logical device of this size).")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: exactly one source, its workers and its policy."""
+
+    saved_model: str | None = setting(Optional(Str()), None, "Path of a SavedModel directory.")
+    keras: str | None = setting(Optional(Str()), None, "Path of a .keras model file.")
+    handler: str | None = setting(
+        Optional(Str()), None, "A user handler 'module:factory'; factory(options) returns a "
+        "callable from dict of arrays to dict of arrays.")
+    signature: str = setting(Str(), "serving_default", "SavedModel signature to serve.")
+    options: dict[str, Any] = setting(FreeMap(), {}, "Passed to the handler factory.")
+    workers: int = setting(Int(1), 1, "Worker processes serving this model.")
+    env: dict[str, str] = setting(
+        FreeMap(strings=True), {}, "Extra environment for this model's workers.")
+    tf: TfConfig = setting(Section(TfConfig), None, "TensorFlow runtime settings.")
+    policy: PolicyConfig = setting(
+        Section(PolicyConfig), None, "Recycling policy (over defaults.policy).")
+
+    def check(self, path: str) -> list[ConfigError]:
+        sources = [s for s in ("saved_model", "keras", "handler") if getattr(self, s)]
+        if len(sources) != 1:
+            got = ", ".join(sources) if sources else "none"
+            return [ConfigError(path, f"expected exactly one of saved_model, keras, handler; "
+                                f"got {got}")]
+        if self.handler and (":" not in self.handler or self.handler.startswith(":")):
+            return [ConfigError(f"{path}.handler",
+                                f'expected "module:factory", got "{self.handler}"')]
+        return []
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """(kind, location) of the model: kind is saved_model, keras or handler."""
+        for kind in ("saved_model", "keras", "handler"):
+            value = getattr(self, kind)
+            if value:
+                return kind, value
+        raise ValueError("model has no source")  # unreachable after check()
+
+
+@dataclass(frozen=True)
+class SupervisorSection:
+    """The daemon itself."""
+
+    endpoints: tuple[str, ...] = setting(
+        ListOf(Str(), min_items=1), ["ipc://{runtime_dir}/frontend.sock"],
+        "Frontend endpoints clients connect to; {runtime_dir} is substituted.")
+    control: str = setting(
+        Str(), "ipc://{runtime_dir}/control.sock", "Control endpoint (status, recycle).")
+    runtime_dir: str | None = setting(
+        Optional(Str()), None, "Directory for ipc sockets; default $RUNTIME_DIRECTORY, "
+        "else ./run beside the config file.")
+    poll_interval: float = setting(
+        Duration(), 1.0, "How often worker memory is sampled and policies evaluated.")
+    max_queue: int = setting(Int(1), 1000, "Queued jobs per model before 'overloaded'.")
+    max_message_size: int = setting(
+        Size(), 256 * 1024**2, "Largest frontend message; larger ones are dropped by ZeroMQ.")
+    heartbeat_interval: float = setting(Duration(), 1.0, "Worker heartbeat period.")
+    heartbeat_timeout: float = setting(
+        Duration(), 10.0, "A ready worker silent this long is hung: killed and replaced.")
+    start_timeout: float = setting(
+        Duration(), 600.0, "A worker not ready after this long (loading, warm-up) is killed.")
+    shutdown_timeout: float = setting(
+        Duration(), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to finish.")
+    min_available_memory: int | None = setting(
+        Optional(Size()), None, "Host pressure: below this much available memory, the "
+        "fastest-growing worker is recycled, one at a time.")
+    log_level: str = setting(
+        Choice("debug", "info", "warning", "error"), "info", "Lowest log level written.")
+
+    def check(self, path: str) -> list[ConfigError]:
+        if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
+            return [ConfigError(f"{path}.heartbeat_timeout",
+                                "must be more than twice heartbeat_interval")]
+        return []
+
+
+@dataclass(frozen=True)
+class DefaultsSection:
+    policy: PolicyConfig = setting(
+        Section(PolicyConfig), None, "Policy keys applied to every model, under its own policy.")
+
+
+@dataclass(frozen=True)
+class RawConfig:
+    """The file's top level, as declared."""
+
+    supervisor: SupervisorSection = setting(
+        Section(SupervisorSection), None, "The daemon's own settings.")
+    defaults: DefaultsSection = setting(
+        Section(DefaultsSection), None, "Defaults applied to every model.")
+    models: dict[str, ModelConfig] = setting(
+        MapOf(Section(ModelConfig)), {}, "Served models by name.")
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated configuration, paths resolved and endpoints substituted."""
+
+    supervisor: SupervisorSection
+    models: dict[str, ModelConfig]
+    path: Path | None
+    runtime_dir: Path
+
+    @property
+    def backend(self) -> str:
+        return f"ipc://{self.runtime_dir}/backend.sock"
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a YAML config file; raise ConfigErrors listing every problem."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
+    return parse_config(text, file)
+
+
+def parse_config(text: str, file: Path | None = None) -> Config:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigErrors([ConfigError("", f"not valid YAML: {exc}")]) from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigErrors([ConfigError("", "expected a mapping at the top of the file")])
+    errors: list[ConfigError] = []
+    try:
+        top = parse_section(RawConfig, _with_default_policy(raw), "")
+    except ConfigErrors as many:
+        errors.extend(many.errors)
+    if not raw.get("models"):
+        errors.append(ConfigError("models", "expected at least one model"))
+    if errors:
+        raise ConfigErrors(errors)
+    base = file.parent.resolve() if file else Path.cwd()
+    runtime_dir = _runtime_dir(top.supervisor.runtime_dir, base)
+    sup = _substitute(top.supervisor, runtime_dir)
+    errors.extend(_check_endpoints(sup, runtime_dir))
+    if errors:
+        raise ConfigErrors(errors)
+    models = {name: _resolve_paths(model, base) for name, model in top.models.items()}
+    return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
+
+
+def _with_default_policy(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lay defaults.policy under each model's policy, when both are well-formed mappings.
+
+    A malformed defaults.policy is left out here: its own errors are reported once, under
+    defaults.policy, rather than once per model.
+    """
+    defaults = raw.get("defaults")
+    policy = defaults.get("policy") if isinstance(defaults, dict) else None
+    models = raw.get("models")
+    if not isinstance(policy, dict) or not isinstance(models, dict):
+        return raw
+    try:
+        parse_section(PolicyConfig, policy, "defaults.policy")
+    except ConfigErrors:
+        return raw
+    merged = {}
+    for name, model in models.items():
+        own = model.get("policy") if isinstance(model, dict) else None
+        if isinstance(model, dict) and (own is None or isinstance(own, dict)):
+            model = dict(model, policy={**policy, **(own or {})})
+        merged[name] = model
+    return dict(raw, models=merged)
+
+
+def _resolve_paths(model: ModelConfig, base: Path) -> ModelConfig:
+    """Model files are relative to the config file, so any working directory will do."""
+    for key in ("saved_model", "keras"):
+        value = getattr(model, key)
+        if value:
+            model = dataclasses.replace(model, **{key: str((base / value).resolve())})
+    return model
+
+
+def _runtime_dir(configured: str | None, base: Path) -> Path:
+    if configured:
+        return (base / configured).resolve()
+    env = os.environ.get("RUNTIME_DIRECTORY")
+    if env:
+        # systemd may list several directories separated by ':'; the first is ours.
+        return Path(env.split(":")[0])
+    return base / "run"
+
+
+def _substitute(sup: SupervisorSection, runtime_dir: Path) -> SupervisorSection:
+    def sub(endpoint: str) -> str:
+        return endpoint.replace("{runtime_dir}", str(runtime_dir))
+
+    return dataclasses.replace(
+        sup, endpoints=tuple(sub(e) for e in sup.endpoints), control=sub(sup.control))
+
+
+def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigError]:
+    errors = []
+    named = [(f"supervisor.endpoints[{i}]", e) for i, e in enumerate(sup.endpoints)]
+    named += [("supervisor.control", sup.control),
+              ("supervisor.runtime_dir", f"ipc://{runtime_dir}/backend.sock")]
+    for path, endpoint in named:
+        scheme, sep, rest = endpoint.partition("://")
+        if not sep or scheme not in ("ipc", "tcp"):
+            errors.append(ConfigError(path, f'expected an ipc:// or tcp:// endpoint, got '
+                                      f'"{endpoint}"'))
+        elif scheme == "ipc" and len(rest) > MAX_IPC_PATH:
+            errors.append(ConfigError(path, f"ipc path is {len(rest)} bytes, longer than the "
+                                      f"{MAX_IPC_PATH} the kernel allows: use a shorter "
+                                      "runtime_dir"))
+    return errors
+
+
+def config_schema() -> dict[str, Any]:
+    """JSON schema of config.yaml, for editors and `tfsupervisor schema`."""
+    top = section_schema(RawConfig)
+    top["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    top["title"] = "tfsupervisor config.yaml"
+    return top

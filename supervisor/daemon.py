@@ -1,0 +1,393 @@
+"""The supervisor's main loop: it wires sockets, pool, router and monitor together.
+
+Single-threaded: one zmq poller over the frontend, backend and control sockets plus a
+signal wake-up pipe. Signal handlers only record the signal; the loop acts on it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from supervisor import logs
+from supervisor.config import Config
+from supervisor.control import Controller
+from supervisor.frontend import Refusal, admit, specs_to_wire
+from supervisor.monitor import Monitor
+from supervisor.pool import Pool, State, WorkerHandle
+from supervisor.protocol import (
+    CONTROL,
+    ERROR,
+    HEARTBEAT,
+    INFER,
+    JOB,
+    MODELS,
+    READY,
+    RESULT,
+    SHUTTING_DOWN,
+    UNAVAILABLE,
+    Frame,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    error_message,
+    split_envelope,
+)
+from supervisor.router import Job, Router
+
+log = logs.get("daemon")
+
+# Messages read from one socket per loop turn, so no socket starves the others.
+BATCH_READS = 256
+# The loop wakes at least this often to reap, time out and dispatch.
+MAX_SLEEP = 0.1
+
+
+class SignalInbox:
+    """Records signals; a wake-up fd makes the poller return at once."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+
+    def install(self) -> None:
+        signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)
+
+    def fileno(self) -> int:
+        return self._reader.fileno()
+
+    def take(self) -> list[int]:
+        try:
+            while self._reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        taken, self.pending = self.pending, []
+        return taken
+
+
+class Daemon:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.context = zmq.Context()
+        self.frontend = self.context.socket(zmq.ROUTER)
+        self.backend = self.context.socket(zmq.ROUTER)
+        self.control = self.context.socket(zmq.ROUTER)
+        self.pool = Pool(config, send=self._send_worker)
+        self.router = Router(config.supervisor.max_queue, reply=self._reply,
+                             send_job=self._send_job)
+        self.monitor = Monitor(self.pool, self.router, config.supervisor)
+        self.controller = Controller(self.pool, self.router, self.monitor)
+        self.signals = SignalInbox()
+        self.next_job_id = 1
+        self.shutdown_started: float | None = None
+        self.fast_exit = False
+        self.serving_logged = False
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        runtime_dir = Path(self.config.runtime_dir)
+        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        sup = self.config.supervisor
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
+        self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        for sock in (self.frontend, self.backend, self.control):
+            sock.setsockopt(zmq.LINGER, 1000)
+        for endpoint in sup.endpoints:
+            self._bind(self.frontend, endpoint)
+        self._bind(self.backend, self.config.backend)
+        self._bind(self.control, sup.control)
+
+    @staticmethod
+    def _bind(sock: zmq.Socket[bytes], endpoint: str) -> None:
+        if endpoint.startswith("ipc://"):
+            path = Path(endpoint[len("ipc://"):])
+            if path.is_socket():
+                path.unlink()  # left by a previous run that died; ZeroMQ would fail to bind
+        sock.bind(endpoint)
+
+    # --- main loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.bind()
+        self.signals.install()
+        log.info("supervisor_started", pid=os.getpid(), endpoints=list(
+            self.config.supervisor.endpoints), control=self.config.supervisor.control,
+            models=sorted(self.config.models))
+        poller = zmq.Poller()
+        for sock in (self.frontend, self.backend, self.control):
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self.signals.fileno(), zmq.POLLIN)
+        try:
+            while not self._finished():
+                ready = dict(poller.poll(MAX_SLEEP * 1000))
+                self._handle_signals(self.signals.take())
+                if self.backend in ready:
+                    self._drain(self.backend, self._on_backend)
+                if self.frontend in ready:
+                    self._drain(self.frontend, self._on_frontend)
+                if self.control in ready:
+                    self._drain(self.control, self._on_control)
+                self.tick(self.clock())
+        finally:
+            self._close()
+        log.info("supervisor_stopped")
+        return 0
+
+    def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
+        for _ in range(BATCH_READS):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handler(list(frames))
+            except Exception:  # the daemon never dies of one message
+                log.exception("message_handling_failed")
+
+    def tick(self, now: float) -> None:
+        for worker, code in self.pool.reap(now):
+            self._lost(worker, code)
+        self.pool.maintain(now)
+        self.monitor.tick(now)
+        self._drain_progress(now)
+        self._fail_unavailable()
+        self.router.expire(now)
+        for model in self.pool.models:
+            ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
+            self.router.dispatch(model, ready, now)
+        self._log_serving()
+        if self.shutdown_started is not None:
+            self._shutdown_progress(now)
+
+    # --- sockets out ---------------------------------------------------------------------
+
+    def _reply(self, job: Job, msg: Message) -> None:
+        self.frontend.send_multipart([*job.envelope, *encode(msg)], copy=False)
+
+    def _send_job(self, worker_id: str, job: Job) -> None:
+        header = {"inputs": job.inputs}
+        frames = encode(Message(JOB, str(job.id).encode(), header, job.arrays))
+        self.backend.send_multipart([worker_id.encode(), *frames], copy=False)
+
+    def _send_worker(self, worker_id: str, msg: Message) -> None:
+        self.backend.send_multipart([worker_id.encode(), *encode(msg)], copy=False)
+
+    # --- frontend ------------------------------------------------------------------------
+
+    def _on_frontend(self, frames: list[Frame]) -> None:
+        envelope, body = split_envelope(frames)
+        try:
+            msg = decode(body)
+        except ProtocolError as exc:
+            # Answer when we can tell a job id apart; a reply to garbage is harmless.
+            job_id = _job_id_of(body)
+            self._send_client(envelope, error_message(job_id, exc.code, str(exc)))
+            return
+        if msg.kind == MODELS:
+            self._send_client(envelope, Message(MODELS, msg.job_id, self._models_header()))
+        elif msg.kind != INFER:
+            self._send_client(envelope, error_message(
+                msg.job_id, "bad_request", f"clients may send infer or models, not {msg.kind!r}"))
+        elif self.shutdown_started is not None:
+            self._send_client(envelope, error_message(
+                msg.job_id, SHUTTING_DOWN, "the supervisor is shutting down; retry elsewhere"))
+        else:
+            self._admit(envelope, msg)
+
+    def _admit(self, envelope: list[Frame], msg: Message) -> None:
+        now = self.clock()
+        try:
+            job = admit(msg, envelope, self.pool.models, self.next_job_id, now)
+        except Refusal as refusal:
+            self._send_client(envelope, error_message(msg.job_id, refusal.code, str(refusal)))
+            return
+        self.next_job_id += 1
+        state = self.pool.models[job.model]
+        if state.unavailable and not self.pool.ready(job.model):
+            self.router.fail(job, UNAVAILABLE, self._unavailable_message(job.model))
+            return
+        self.router.submit(job)
+        self.router.dispatch(job.model, [(w.id, w.jobs) for w in self.pool.ready(job.model)],
+                             now)
+
+    def _send_client(self, envelope: list[Frame], msg: Message) -> None:
+        self.frontend.send_multipart([*envelope, *encode(msg)], copy=False)
+
+    def _models_header(self) -> dict[str, Any]:
+        models = {}
+        for name, state in self.pool.models.items():
+            if state.removed:
+                continue
+            models[name] = {"inputs": specs_to_wire(state.inputs),
+                            "outputs": specs_to_wire(state.outputs),
+                            "ready_workers": len(self.pool.ready(name)),
+                            "workers": state.config.workers,
+                            "available": not state.unavailable}
+        return {"models": models}
+
+    # --- backend -------------------------------------------------------------------------
+
+    def _on_backend(self, frames: list[Frame]) -> None:
+        identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
+        msg = decode(frames[1:])
+        now = self.clock()
+        if msg.kind == HEARTBEAT:
+            self.pool.heartbeat(str(msg.header.get("worker")), msg.header, now)
+            return
+        worker = self.pool.workers.get(identity.decode(errors="replace"))
+        if worker is None:
+            return  # a worker already reaped, or a stranger on the ipc socket
+        if msg.kind == READY:
+            self.pool.mark_ready(worker.id, msg.header, now)
+            self.monitor.on_ready(worker, now)
+        elif msg.kind in (RESULT, ERROR) and msg.job_id:
+            self._on_answer(worker, msg)
+        elif msg.kind == ERROR:
+            self.pool.load_failed(worker.id, str(msg.header.get("message")))
+
+    def _on_answer(self, worker: WorkerHandle, msg: Message) -> None:
+        try:
+            job = self.router.complete(int(msg.job_id), worker.id)
+        except ValueError:
+            return
+        if job is None:
+            return
+        worker.jobs += 1
+        self.router.answer(job, Message(msg.kind, job.client_job_id, msg.header, msg.arrays))
+
+    # --- control -------------------------------------------------------------------------
+
+    def _on_control(self, frames: list[Frame]) -> None:
+        envelope, body = split_envelope(frames)
+        try:
+            msg = decode(body)
+            if msg.kind != CONTROL:
+                raise ProtocolError("the control socket takes control messages only")
+            result = self.controller.handle(msg.header, self.clock())
+        except ProtocolError as exc:
+            result = {"ok": False, "error": str(exc)}
+        self.control.send_multipart([*envelope, *encode(Message(CONTROL, b"", result))])
+
+    # --- workers lost, drained, unavailable ----------------------------------------------
+
+    def _lost(self, worker: WorkerHandle, code: int) -> None:
+        """A worker exited: whatever it held goes back to the queue (or fails as poison)."""
+        if not self.router.held_by(worker.id):
+            return
+        policy = self.pool.models[worker.model].config.policy
+        why = f"worker {worker.id} (pid {worker.pid}) exited with jobs in hand"
+        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why)
+        log.warning("jobs_requeued", model=worker.model, worker=worker.id,
+                    requeued=requeued, failed_as_poison=failed)
+
+    def _drain_progress(self, now: float) -> None:
+        for worker in list(self.pool.workers.values()):
+            if worker.state is not State.DRAINING:
+                continue
+            held = self.router.held_by(worker.id)
+            if held and worker.drain_deadline is not None and now > worker.drain_deadline:
+                policy = self.pool.models[worker.model].config.policy
+                self.router.requeue(worker.id, policy.max_attempts + 1,
+                                    f"worker {worker.id} did not drain in time")
+                log.warning("drain_timeout", model=worker.model, worker=worker.id,
+                            requeued=len(held))
+                self.pool.kill(worker, worker.recycle_reason or "drain_timeout")
+            elif not held:
+                self.pool.stop(worker, now, worker.recycle_reason or "drained")
+
+    def _fail_unavailable(self) -> None:
+        for name, state in self.pool.models.items():
+            if state.unavailable and self.router.queued(name) and not self.pool.ready(name):
+                self.router.fail_queued(name, UNAVAILABLE, self._unavailable_message(name))
+
+    def _unavailable_message(self, model: str) -> str:
+        state = self.pool.models[model]
+        return (f"model '{model}' has no worker able to serve: {state.last_error} "
+                f"({state.failures} failed start(s); retrying with back-off)")
+
+    def _log_serving(self) -> None:
+        if self.serving_logged:
+            return
+        if all(len(self.pool.ready(m)) >= s.config.workers for m, s in self.pool.models.items()):
+            self.serving_logged = True
+            log.info("serving", models={m: len(self.pool.ready(m)) for m in self.pool.models})
+
+    # --- signals and shutdown ------------------------------------------------------------
+
+    def _handle_signals(self, signums: list[int]) -> None:
+        for signum in signums:
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self._begin_shutdown(signum)
+            elif signum == signal.SIGHUP:
+                log.warning("reload_not_supported", hint="restart the service to apply "
+                            "config changes")
+
+    def _begin_shutdown(self, signum: int) -> None:
+        now = self.clock()
+        if self.shutdown_started is not None:
+            log.warning("shutdown_forced", signal=signal.Signals(signum).name)
+            self.fast_exit = True
+            return
+        self.shutdown_started = now
+        self.pool.spawning = False
+        log.info("shutdown_started", signal=signal.Signals(signum).name,
+                 pending_jobs=self.router.pending(),
+                 timeout_seconds=self.config.supervisor.shutdown_timeout)
+
+    def _shutdown_progress(self, now: float) -> None:
+        assert self.shutdown_started is not None
+        late = now - self.shutdown_started > self.config.supervisor.shutdown_timeout
+        if self.router.pending() and not late and not self.fast_exit:
+            return
+        failed = self.router.fail_everything(
+            SHUTTING_DOWN, "the supervisor stopped before this job could finish")
+        if failed:
+            log.warning("shutdown_jobs_abandoned", count=failed)
+        for worker in self.pool.workers.values():
+            if self.fast_exit:
+                self.pool.kill(worker, "shutdown")
+            else:
+                self.pool.stop(worker, now, "shutdown")
+
+    def _finished(self) -> bool:
+        return (self.shutdown_started is not None and not self.pool.workers
+                and not self.router.pending())
+
+    def _close(self) -> None:
+        for worker in self.pool.workers.values():
+            self.pool.kill(worker, "shutdown")
+        for worker in list(self.pool.workers.values()):
+            worker.process.wait(timeout=5)
+        for sock in (self.frontend, self.backend, self.control):
+            sock.close(linger=1000)
+        self.context.term()
+        for endpoint in (*self.config.supervisor.endpoints, self.config.supervisor.control,
+                         self.config.backend):
+            if endpoint.startswith("ipc://"):
+                Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+
+def _job_id_of(body: list[Frame]) -> bytes:
+    if len(body) >= 3:
+        raw = body[2].bytes if isinstance(body[2], zmq.Frame) else bytes(body[2])
+        if len(raw) <= 64:
+            return raw
+    return b""

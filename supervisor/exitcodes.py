@@ -1,0 +1,29 @@
+"""What a worker's exit status means. Shared by the worker (which exits with them) and the
+pool (which decides from them whether to restart at once, back off, or mark a model down)."""
+
+from __future__ import annotations
+
+import signal
+from enum import IntEnum
+
+
+class WorkerExit(IntEnum):
+    OK = 0  # asked to stop, stopped cleanly
+    BOOT_ERROR = 2  # bad arguments or environment: a bug or a broken install, not the model
+    LOAD_ERROR = 3  # the model could not be loaded or warmed up
+    RECYCLE = 4  # the worker asked to be replaced (e.g. a handler noticed its own state)
+    ORPHANED = 5  # the supervisor went away
+    INTERNAL = 6  # an unexpected error in the worker's own loop
+
+
+def describe_exit(returncode: int) -> str:
+    """'exit 3 (LOAD_ERROR)' or 'signal SIGKILL' for a Popen returncode."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    try:
+        return f"exit {returncode} ({WorkerExit(returncode).name})"
+    except ValueError:
+        return f"exit {returncode}"

@@ -1,0 +1,39 @@
+"""Structured logging for the supervisor and its workers: one event name, flat fields.
+
+Console rendering on a terminal, JSON lines otherwise (journald, files, pipes)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
+
+
+def configure(level: str = "info", fmt: str = "auto", **bound: Any) -> None:
+    """Set up structlog once per process; ``bound`` fields go on every event."""
+    use_console = sys.stderr.isatty() if fmt == "auto" else fmt == "console"
+    renderer: Any = (structlog.dev.ConsoleRenderer(colors=True) if use_console
+                     else structlog.processors.JSONRenderer())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**bound)
+
+
+def get(name: str) -> Any:
+    return structlog.get_logger(name)

@@ -1,0 +1,238 @@
+"""The wire protocol, version 1: one module, encode/decode pairs, ProtocolError on bad input.
+
+Every message is a ZeroMQ multipart message::
+
+    [b"TFS1", kind, job_id, header, array_0, array_1, ...]
+
+``kind`` is ASCII, ``job_id`` opaque bytes (at most 64), ``header`` a msgpack map, and each
+array one raw frame (C order, little-endian) described by an entry of the header's
+``inputs`` or ``outputs`` list: ``{"name", "dtype", "shape"}``. The same layout serves the
+client hop, the worker hop and the control socket. See docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+VERSION = b"TFS1"
+
+# Message kinds. Client -> supervisor:
+INFER = b"infer"
+MODELS = b"models"
+# Supervisor -> client (and worker -> supervisor for RESULT / ERROR):
+RESULT = b"result"
+ERROR = b"error"
+# Worker <-> supervisor:
+READY = b"ready"
+HEARTBEAT = b"heartbeat"
+JOB = b"job"
+STOP = b"stop"
+# Control socket, both ways:
+CONTROL = b"control"
+
+KINDS = frozenset({INFER, MODELS, RESULT, ERROR, READY, HEARTBEAT, JOB, STOP, CONTROL})
+
+# Stable error codes (docs/protocol.md).
+UNKNOWN_MODEL = "unknown_model"
+BAD_REQUEST = "bad_request"
+OVERLOADED = "overloaded"
+DEADLINE_EXCEEDED = "deadline_exceeded"
+WORKER_CRASHED = "worker_crashed"
+TIMEOUT = "timeout"
+SHUTTING_DOWN = "shutting_down"
+UNAVAILABLE = "unavailable"
+INTERNAL = "internal"
+ERROR_CODES = frozenset({UNKNOWN_MODEL, BAD_REQUEST, OVERLOADED, DEADLINE_EXCEEDED,
+                         WORKER_CRASHED, TIMEOUT, SHUTTING_DOWN, UNAVAILABLE, INTERNAL})
+
+MAX_JOB_ID = 64
+MAX_HEADER = 64 * 1024
+MAX_ARRAYS = 64
+MAX_NDIM = 8
+
+# No object, void, string or datetime dtypes: only plain numbers travel.
+DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                    "uint64", "float16", "float32", "float64", "complex64", "complex128"})
+
+# pyzmq copies frames smaller than this anyway; larger ones are sent without a copy.
+ZERO_COPY_MIN = 64 * 1024
+
+Frame = bytes | memoryview | zmq.Frame
+
+
+class ProtocolError(Exception):
+    """A message that does not follow the protocol. ``code`` is an error code to answer with."""
+
+    def __init__(self, message: str, code: str = BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype and shape of one array; ``None`` in a shape is any size."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_wire(cls, raw: object, allow_none: bool = False) -> TensorSpec:
+        if not isinstance(raw, Mapping):
+            raise ProtocolError("array spec must be a map with name, dtype and shape")
+        name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
+        if not isinstance(name, str) or not name or len(name) > 256:
+            raise ProtocolError("array spec 'name' must be a non-empty string")
+        if dtype not in DTYPES:
+            raise ProtocolError(f"array '{name}': dtype {dtype!r} is not one of "
+                                f"{', '.join(sorted(DTYPES))}")
+        if not isinstance(shape, list | tuple) or len(shape) > MAX_NDIM:
+            raise ProtocolError(f"array '{name}': shape must be a list of at most {MAX_NDIM} "
+                                "dimensions")
+        for dim in shape:
+            ok_none = dim is None and allow_none
+            if not ok_none and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 0):
+                raise ProtocolError(f"array '{name}': shape {list(shape)} has a bad dimension")
+        return cls(name, str(dtype), tuple(shape))
+
+    def describe(self) -> str:
+        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+    def accepts(self, other: TensorSpec) -> bool:
+        """Whether a concrete array spec fits this (possibly partly unknown) spec."""
+        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+            return False
+        return all(want is None or want == got for want, got in zip(self.shape, other.shape,
+                                                                    strict=True))
+
+
+@dataclass
+class Message:
+    kind: bytes
+    job_id: bytes = b""
+    header: dict[str, Any] = field(default_factory=dict)
+    arrays: list[Frame] = field(default_factory=list)
+
+
+def encode(msg: Message) -> list[Frame]:
+    """Frames of a message, ready for send_multipart."""
+    header = msgpack.packb(msg.header, use_bin_type=True)
+    return [VERSION, msg.kind, msg.job_id, header, *msg.arrays]
+
+
+def decode(frames: Sequence[Frame]) -> Message:
+    """Parse frames into a Message; raise ProtocolError on anything malformed."""
+    if len(frames) < 4:
+        raise ProtocolError(f"expected at least 4 frames (version, kind, job id, header), "
+                            f"got {len(frames)}")
+    version = _small(frames[0], 16, "version")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version[:16]!r}; this supervisor "
+                            f"speaks {VERSION.decode()}")
+    kind = _small(frames[1], 32, "kind")
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    job_id = _small(frames[2], MAX_JOB_ID, "job id")
+    header = _header(frames[3])
+    arrays = list(frames[4:])
+    if len(arrays) > MAX_ARRAYS:
+        raise ProtocolError(f"at most {MAX_ARRAYS} arrays per message, got {len(arrays)}")
+    return Message(kind, job_id, header, arrays)
+
+
+def _small(frame: Frame, limit: int, what: str) -> bytes:
+    data = frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+    if len(data) > limit:
+        raise ProtocolError(f"{what} frame is {len(data)} bytes, at most {limit} allowed")
+    return data
+
+
+def _header(frame: Frame) -> dict[str, Any]:
+    data = _small(frame, MAX_HEADER, "header")
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_HEADER,
+                                 max_bin_len=MAX_HEADER, max_array_len=4096, max_map_len=4096)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be a msgpack map")
+    return header
+
+
+def split_envelope(frames: Sequence[Frame]) -> tuple[list[Frame], list[Frame]]:
+    """Split what a ROUTER received into (routing envelope, message frames).
+
+    DEALER peers send the message directly; REQ peers put an empty delimiter frame first,
+    which is kept in the envelope so the reply reaches them.
+    """
+    if len(frames) >= 2 and _length(frames[1]) == 0:
+        return list(frames[:2]), list(frames[2:])
+    return list(frames[:1]), list(frames[1:])
+
+
+def _length(frame: Frame) -> int:
+    return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+
+
+def _buffer(frame: Frame) -> memoryview | bytes:
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return frame
+
+
+def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[Frame]]:
+    """Specs and frames for named arrays; large arrays are passed without copying."""
+    specs: list[dict[str, Any]] = []
+    frames: list[Frame] = []
+    for name, value in arrays.items():
+        array = np.asarray(value)
+        if array.dtype.name not in DTYPES:
+            raise ProtocolError(f"array '{name}': dtype {array.dtype.name} cannot travel")
+        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        specs.append(TensorSpec(name, array.dtype.name, tuple(array.shape)).to_wire())
+        frames.append(memoryview(array).cast("B") if array.nbytes >= ZERO_COPY_MIN
+                      else array.tobytes())
+    return specs, frames
+
+
+def unpack_arrays(specs: object, frames: Sequence[Frame]) -> dict[str, np.ndarray]:
+    """Arrays from specs and frames, each checked against its dtype and shape (no copy)."""
+    parsed = parse_specs(specs)
+    if len(parsed) != len(frames):
+        raise ProtocolError(f"header describes {len(parsed)} arrays but {len(frames)} array "
+                            "frames came")
+    out: dict[str, np.ndarray] = {}
+    for spec, frame in zip(parsed, frames, strict=True):
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        expected = math.prod(d or 0 for d in spec.shape) * dtype.itemsize
+        buffer = _buffer(frame)
+        if len(buffer) != expected:
+            raise ProtocolError(f"array '{spec.name}': {len(buffer)} bytes do not match "
+                                f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
+        out[spec.name] = np.frombuffer(buffer, dtype=dtype).reshape(spec.shape)
+    return out
+
+
+def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
+    if not isinstance(specs, list | tuple):
+        raise ProtocolError("header field 'inputs'/'outputs' must be a list of array specs")
+    parsed = [TensorSpec.from_wire(s, allow_none) for s in specs]
+    names = [s.name for s in parsed]
+    if len(set(names)) != len(names):
+        raise ProtocolError("array names must be unique")
+    return parsed
+
+
+def error_message(job_id: bytes, code: str, message: str) -> Message:
+    return Message(ERROR, job_id, {"code": code, "message": message})

@@ -1,0 +1,362 @@
+"""A small declarative settings engine.
+
+Every setting is declared once, as a dataclass field made with :func:`setting`, carrying its
+kind (type, parsing, validation, unit), default and help text. From those declarations come
+parsing with path-named errors, did-you-mean for unknown keys, the JSON schema and the docs
+table. Nothing here knows about tfsupervisor's own keys: see ``config.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from supervisor.units import parse_duration, parse_size
+
+T = TypeVar("T")
+
+
+class ConfigError(Exception):
+    """One invalid value, named by its dotted path."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+
+class ConfigErrors(Exception):
+    """All the errors found in one configuration, so the operator fixes them in one go."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def _got(value: object) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if value is None:
+        return "null"
+    return repr(value)
+
+
+class Kind:
+    """How one setting's raw YAML value is parsed, validated and described."""
+
+    expected: str = "a value"
+    unit: str = ""
+
+    def parse(self, value: object, path: str) -> Any:
+        raise NotImplementedError
+
+    def schema(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fail(self, value: object, path: str) -> ConfigError:
+        return ConfigError(path, f"expected {self.expected}, got {_got(value)}")
+
+
+class Int(Kind):
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+        self.expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(self, value: object, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+            raise self.fail(value, path)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": self.minimum}
+
+
+class Float(Kind):
+    def __init__(self, minimum: float = 0.0, maximum: float | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        self.expected = f"a number >= {minimum}{upper}"
+
+    def parse(self, value: object, path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(value, path)
+        if value < self.minimum or (self.maximum is not None and value > self.maximum):
+            raise self.fail(value, path)
+        return float(value)
+
+    def schema(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "number", "minimum": self.minimum}
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        return out
+
+
+class Bool(Kind):
+    expected = "true or false"
+
+    def parse(self, value: object, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(value, path)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+class Str(Kind):
+    expected = "a non-empty string"
+
+    def parse(self, value: object, path: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(value, path)
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "minLength": 1}
+
+
+class Choice(Kind):
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.expected = "one of " + ", ".join(choices)
+
+    def parse(self, value: object, path: str) -> str:
+        if value not in self.choices:
+            raise self.fail(value, path)
+        assert isinstance(value, str)  # narrowed by the membership test above
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        return {"enum": list(self.choices)}
+
+
+class Size(Kind):
+    expected = "a size such as 512MiB, 2GB or a number of bytes"
+    unit = "bytes"
+
+    def parse(self, value: object, path: str) -> int:
+        try:
+            return parse_size(value)
+        except ValueError:
+            raise self.fail(value, path) from None
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "oneOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*[0-9.]+\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$"},
+            ]
+        }
+
+
+class Duration(Kind):
+    expected = "a duration such as 30s, 5m, 24h or a number of seconds"
+    unit = "seconds"
+
+    def parse(self, value: object, path: str) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError:
+            raise self.fail(value, path) from None
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "oneOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*[0-9.]+\s*(ms|s|m|h|d)?\s*$"},
+            ]
+        }
+
+
+class Optional(Kind):
+    """The inner kind, or null (meaning: off / not set)."""
+
+    def __init__(self, inner: Kind) -> None:
+        self.inner = inner
+        self.expected = f"{inner.expected} or null"
+        self.unit = inner.unit
+
+    def parse(self, value: object, path: str) -> Any:
+        return None if value is None else self.inner.parse(value, path)
+
+    def schema(self) -> dict[str, Any]:
+        return {"anyOf": [self.inner.schema(), {"type": "null"}]}
+
+
+class ListOf(Kind):
+    def __init__(self, inner: Kind, min_items: int = 0) -> None:
+        self.inner, self.min_items = inner, min_items
+        self.expected = f"a list of {inner.expected}"
+
+    def parse(self, value: object, path: str) -> tuple[Any, ...]:
+        if not isinstance(value, list) or len(value) < self.min_items:
+            raise self.fail(value, path)
+        return tuple(self.inner.parse(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": self.inner.schema(), "minItems": self.min_items}
+
+
+class FreeMap(Kind):
+    """A mapping passed through as-is (handler options), or of strings (environment)."""
+
+    def __init__(self, strings: bool = False) -> None:
+        self.strings = strings
+        self.expected = "a mapping of names to strings" if strings else "a mapping"
+
+    def parse(self, value: object, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise self.fail(value, path)
+        if self.strings:
+            for key, item in value.items():
+                if not isinstance(item, str | int | float) or isinstance(item, bool):
+                    raise ConfigError(f"{path}.{key}", f"expected a string, got {_got(item)}")
+            return {k: str(v) for k, v in value.items()}
+        return dict(value)
+
+    def schema(self) -> dict[str, Any]:
+        if self.strings:
+            return {"type": "object", "additionalProperties": {"type": ["string", "number"]}}
+        return {"type": "object"}
+
+
+class Section(Kind):
+    """A nested dataclass of settings."""
+
+    def __init__(self, cls: type[Any]) -> None:
+        self.cls = cls
+        self.expected = "a mapping"
+
+    def parse(self, value: object, path: str) -> Any:
+        return parse_section(self.cls, {} if value is None else value, path)
+
+    def schema(self) -> dict[str, Any]:
+        return section_schema(self.cls)
+
+
+class MapOf(Kind):
+    """A mapping of user-chosen names (e.g. model names) to sections."""
+
+    def __init__(self, inner: Kind, key_pattern: str = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$") -> None:
+        self.inner, self.key_pattern = inner, key_pattern
+        self.expected = "a mapping of names"
+
+    def parse(self, value: object, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(value, path)
+        errors: list[ConfigError] = []
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not re.match(self.key_pattern, key):
+                errors.append(ConfigError(f"{path}.{key}", "expected a name of letters, digits, "
+                                          "'_', '-' or '.'"))
+                continue
+            try:
+                out[key] = self.inner.parse(item, f"{path}.{key}")
+            except ConfigErrors as many:
+                errors.extend(many.errors)
+            except ConfigError as one:
+                errors.append(one)
+        if errors:
+            raise ConfigErrors(errors)
+        return out
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "propertyNames": {"pattern": self.key_pattern},
+            "additionalProperties": self.inner.schema(),
+        }
+
+
+def setting(kind: Kind, default: Any, help: str) -> Any:
+    """Declare one setting as a dataclass field: kind, default and help text in one place."""
+    if isinstance(default, dict | list):
+        factory: Callable[[], Any] = lambda: type(default)(default)  # noqa: E731
+        return dataclasses.field(default_factory=factory, metadata={"kind": kind, "help": help})
+    if isinstance(kind, Section) and default is None:
+        return dataclasses.field(default_factory=kind.cls, metadata={"kind": kind, "help": help})
+    return dataclasses.field(default=default, metadata={"kind": kind, "help": help})
+
+
+def section_fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if "kind" in f.metadata]
+
+
+def parse_section(cls: type[T], raw: object, path: str) -> T:
+    """Parse a mapping into the dataclass ``cls``, collecting every error with its path."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, f"expected a mapping, got {_got(raw)}")
+    fields = {f.name: f for f in section_fields(cls)}
+    errors: list[ConfigError] = []
+    for key in raw:
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            known = ", ".join(sorted(fields))
+            errors.append(ConfigError(_join(path, str(key)), f"unknown key{extra}; known: {known}"))
+    values: dict[str, Any] = {}
+    for name, field in fields.items():
+        if name not in raw:
+            continue
+        try:
+            values[name] = field.metadata["kind"].parse(raw[name], _join(path, name))
+        except ConfigErrors as many:
+            errors.extend(many.errors)
+        except ConfigError as one:
+            errors.append(one)
+    if not errors:
+        instance = cls(**values)
+        check = getattr(instance, "check", None)
+        errors.extend(check(path) if check else [])
+        if not errors:
+            return instance
+    raise ConfigErrors(errors)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def section_schema(cls: type[Any]) -> dict[str, Any]:
+    """JSON schema (draft 2020-12 subset) of a settings dataclass."""
+    props: dict[str, Any] = {}
+    for field in section_fields(cls):
+        kind: Kind = field.metadata["kind"]
+        prop = dict(kind.schema())
+        prop["description"] = field.metadata["help"] + (f" (unit: {kind.unit})" if kind.unit else "")
+        default = _default_of(field)
+        if default is not None and not dataclasses.is_dataclass(default):
+            prop["default"] = default
+        props[field.name] = prop
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
+def _default_of(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def describe(cls: type[Any], prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Rows (key, expected, default, help) for the docs, nested sections flattened."""
+    rows: list[tuple[str, str, str, str]] = []
+    for field in section_fields(cls):
+        kind: Kind = field.metadata["kind"]
+        key = _join(prefix, field.name)
+        if isinstance(kind, Section):
+            rows.extend(describe(kind.cls, key))
+            continue
+        default = _default_of(field)
+        shown = "null" if default is None else repr(default)
+        rows.append((key, kind.expected, shown, field.metadata["help"]))
+    return rows

@@ -1,0 +1,1 @@
+"""Worker processes: everything that touches TensorFlow lives in this package."""

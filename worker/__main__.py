@@ -1,0 +1,3 @@
+from worker.main import main
+
+raise SystemExit(main())

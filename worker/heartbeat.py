@@ -1,0 +1,49 @@
+"""The worker's heartbeat thread: alive is not the same as done.
+
+It runs beside inference (TF releases the GIL in its kernels), so a long job is not taken
+for a hang, while a process wedged in native code holding the GIL, or stopped, goes silent.
+It also watches the parent: a worker never outlives its supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import zmq
+
+from supervisor.exitcodes import WorkerExit
+from supervisor.protocol import HEARTBEAT, Message, encode
+from worker import runtime
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, context: zmq.Context, endpoint: str, worker_id: str, interval: float,
+                 parent: int) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.context, self.endpoint, self.worker_id = context, endpoint, worker_id
+        self.interval, self.parent = interval, parent
+        self.jobs = 0  # written by the serving loop only; read here
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 10)  # stale heartbeats are worthless: never pile up
+        sock.connect(self.endpoint)
+        try:
+            while not self._halt.wait(self.interval):
+                if os.getppid() != self.parent:
+                    os._exit(WorkerExit.ORPHANED)
+                header = {"worker": self.worker_id, "jobs": self.jobs,
+                          "tf_memory": runtime.tf_memory_info()}
+                try:
+                    sock.send_multipart(encode(Message(HEARTBEAT, b"", header)), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=2 * self.interval + 1)

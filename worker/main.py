@@ -1,0 +1,206 @@
+"""Worker process entry point: set up TF, load, warm up, report ready, serve jobs.
+
+Started by the supervisor as ``python -m worker --id ID --model NAME``; the model's settings
+come as JSON in the TFSUPERVISOR_WORKER environment variable (set by the pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from supervisor import logs
+from supervisor.exitcodes import WorkerExit
+from supervisor.protocol import (
+    BAD_REQUEST,
+    ERROR,
+    INTERNAL,
+    JOB,
+    READY,
+    RESULT,
+    STOP,
+    Message,
+    ProtocolError,
+    TensorSpec,
+    decode,
+    encode,
+    error_message,
+    pack_arrays,
+    unpack_arrays,
+)
+from worker import runtime
+from worker.heartbeat import Heartbeat
+from worker.runners import LoadError, Runner, load, warmup_inputs
+
+ENV_SPEC = "TFSUPERVISOR_WORKER"
+PR_SET_PDEATHSIG = 1
+
+log = logs.get("worker")
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop finishes the job in hand, then exits."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.set = True
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us when the supervisor dies (Linux only; the heartbeat
+    thread's parent watch covers the rest)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker")
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--model", required=True)
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    die_with_parent()
+    try:
+        spec = json.loads(os.environ[ENV_SPEC])
+    except (KeyError, ValueError) as exc:
+        print(f"worker: bad or missing {ENV_SPEC}: {exc}", file=sys.stderr)
+        return WorkerExit.BOOT_ERROR
+    logs.configure(spec.get("log_level", "info"), spec.get("log_format", "auto"), worker=args.id, model=args.model)
+    if os.getppid() != parent:  # the supervisor died before PDEATHSIG was armed
+        return WorkerExit.ORPHANED
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    started = time.monotonic()
+    try:
+        runner = boot(spec)
+    except Exception as exc:  # any failure to load is the model's, reported, not a crash
+        message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
+        log.error("model_load_failed", error=message)
+        report_load_error(spec["backend"], args.id, message)
+        return WorkerExit.LOAD_ERROR
+    warm = time.monotonic() - started
+    return serve(spec, args.id, runner, warm, stop, parent)
+
+
+def boot(spec: dict[str, Any]) -> Runner:
+    """Configure TF, load the model, run one real inference; LoadError if any step fails."""
+    tf_settings = spec.get("tf", {})
+    runtime.export_environment(tf_settings)
+    source = spec["source"]
+    if source != "handler" or tf_settings.get("gpu_memory_limit"):
+        runtime.configure_tensorflow(tf_settings)
+    runner = load(source, spec["location"], spec.get("signature", "serving_default"),
+                  spec.get("options", {}))
+    if runner.inputs is not None:
+        try:
+            outputs = runner(warmup_inputs(runner.inputs))
+        except Exception as exc:
+            raise LoadError(f"warm-up inference failed: {type(exc).__name__}: {exc}") from exc
+        if runner.outputs is None:
+            runner.outputs = [TensorSpec(n, a.dtype.name, (None, *a.shape[1:]))
+                              for n, a in outputs.items()]
+    return runner
+
+
+def report_load_error(backend: str, worker_id: str, message: str) -> None:
+    """Tell the supervisor why, so clients get the reason with 'unavailable'."""
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(backend)
+    header = {"worker": worker_id, "code": "load_error", "message": message}
+    sock.send_multipart(encode(Message(ERROR, b"", header)))
+    sock.close()
+    context.term()
+
+
+def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
+          stop: StopFlag, parent: int) -> int:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(spec["backend"])
+    heartbeat = Heartbeat(context, spec["backend"], worker_id, spec.get("heartbeat", 1.0),
+                          parent)
+    ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
+             "inputs": _wire(runner.inputs), "outputs": _wire(runner.outputs)}
+    sock.send_multipart(encode(Message(READY, b"", ready)))
+    heartbeat.start()
+    code = WorkerExit.OK
+    try:
+        while not stop.set:
+            if not sock.poll(200):
+                continue
+            msg = decode(sock.recv_multipart(copy=False))
+            if msg.kind == STOP:
+                break
+            if msg.kind == JOB:
+                sock.send_multipart(encode(run_job(runner, msg)), copy=False)
+                heartbeat.jobs += 1
+    except Exception as exc:
+        log.exception("worker_loop_failed", error=str(exc))
+        code = WorkerExit.INTERNAL
+    heartbeat.stop()
+    sock.close()
+    context.term()
+    return code
+
+
+def _wire(specs: list[TensorSpec] | None) -> list[dict[str, Any]] | None:
+    return None if specs is None else [s.to_wire() for s in specs]
+
+
+def run_job(runner: Runner, msg: Message) -> Message:
+    """Run one job; any failure becomes an ERROR reply, never a dead worker."""
+    try:
+        inputs = unpack_arrays(msg.header.get("inputs"), msg.arrays)
+        check_inputs(runner.inputs, inputs)
+    except ProtocolError as exc:
+        return error_message(msg.job_id, BAD_REQUEST, str(exc))
+    try:
+        outputs = runner(inputs)
+        check_outputs(inputs, outputs)
+        specs, frames = pack_arrays(outputs)
+    except Exception as exc:
+        code = BAD_REQUEST if type(exc).__name__ == "InvalidArgumentError" else INTERNAL
+        return error_message(msg.job_id, code, f"model raised {type(exc).__name__}: {exc}")
+    return Message(RESULT, msg.job_id, {"outputs": specs}, frames)
+
+
+def check_inputs(specs: list[TensorSpec] | None, inputs: dict[str, Any]) -> None:
+    if specs is None:
+        return
+    wanted = {s.name: s for s in specs}
+    if set(wanted) != set(inputs):
+        raise ProtocolError(f"inputs {sorted(inputs)} do not match the model's {sorted(wanted)}")
+    for name, array in inputs.items():
+        got = TensorSpec(name, array.dtype.name, tuple(array.shape))
+        if not wanted[name].accepts(got):
+            raise ProtocolError(f"input {got.describe()} does not fit "
+                                f"{wanted[name].describe()}")
+
+
+def check_outputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    if not outputs:
+        raise ValueError("the model returned no outputs")
+    batch = {a.shape[0] for a in inputs.values() if a.ndim}
+    for name, array in outputs.items():
+        if batch and (array.ndim == 0 or array.shape[0] not in batch):
+            raise ValueError(f"output '{name}' has shape {array.shape}, whose first dimension "
+                             f"is not the batch size {sorted(batch)}")
