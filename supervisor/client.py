@@ -179,8 +179,14 @@ class Client:
 
     def _call(self, msg: Message, timeout: float) -> Message:
         sock = self._socket()
-        sock.send_multipart(encode(msg), copy=False)
         deadline = time.monotonic() + timeout
+        # With IMMEDIATE set, a send blocks while no supervisor is connected: bound it too.
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+        try:
+            sock.send_multipart(encode(msg), copy=False)
+        except zmq.Again:
+            raise NoReply(f"no supervisor connected at {', '.join(self.endpoints)} within "
+                          f"{timeout:g}s") from None
         while (left := deadline - time.monotonic()) > 0:
             if not sock.poll(left * 1000):
                 break
@@ -246,9 +252,14 @@ class AsyncClient:
             self._reader = asyncio.get_running_loop().create_task(self._read())
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[msg.job_id] = future
+        sock = self._sock
+
+        async def exchange() -> Message:
+            await sock.send_multipart(encode(msg))
+            return await future
+
         try:
-            await self._sock.send_multipart(encode(msg))
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(exchange(), timeout)
         except TimeoutError:
             raise NoReply(f"no reply from {', '.join(self.endpoints)} within "
                           f"{timeout:g}s") from None

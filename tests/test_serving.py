@@ -1,0 +1,293 @@
+"""The core path with real processes and sockets, using TF-free handler workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgpack
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from supervisor.client import (
+    AsyncClient,
+    BadRequest,
+    Client,
+    NoReply,
+    UnknownModel,
+    Unavailable,
+)
+from supervisor.protocol import INFER, VERSION, Message, decode, encode, pack_arrays
+from tests.conftest import Supervisor, echo_model, start_supervisor
+
+SLEEP_MARK = -2.0
+
+
+@pytest.fixture(scope="module")
+def echo_sup() -> Iterator[Supervisor]:
+    sup = start_supervisor({"models": {
+        "echo": echo_model(2, sleep_on=SLEEP_MARK, sleep_seconds=0.5),
+        "pair": {"handler": "worker.handlers:echo", "workers": 1, "options": {"inputs": {
+            "a": {"dtype": "int32", "shape": [None, 3]},
+            "b": {"dtype": "float64", "shape": [None]}}}},
+    }})
+    try:
+        sup.wait_ready()
+        yield sup
+    finally:
+        sup.stop()
+
+
+def x(rows: int = 2, value: float = 1.0) -> dict[str, np.ndarray]:
+    return {"x": np.full((rows, 4), value, dtype=np.float32)}
+
+
+def test_echo_round_trip(echo_sup: Supervisor) -> None:
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with echo_sup.client() as client:
+        out = client.infer("echo", {"x": data})
+    np.testing.assert_array_equal(out["x"], data)
+    assert out["x"].dtype == np.float32
+
+
+def test_large_arrays_travel_intact(echo_sup: Supervisor) -> None:
+    data = np.random.default_rng(1).standard_normal((4096, 4)).astype(np.float32)  # 64 KiB
+    with echo_sup.client() as client:
+        out = client.infer("echo", {"x": data})
+    np.testing.assert_array_equal(out["x"], data)
+
+
+def test_several_inputs_and_dtypes(echo_sup: Supervisor) -> None:
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.array([0.5, 1.5])
+    with echo_sup.client() as client:
+        out = client.infer("pair", {"a": a, "b": b})
+    np.testing.assert_array_equal(out["a"], a)
+    np.testing.assert_array_equal(out["b"], b)
+
+
+def test_models_lists_specs(echo_sup: Supervisor) -> None:
+    with echo_sup.client() as client:
+        models = client.models()
+    assert models["echo"]["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 4]}]
+    assert models["echo"]["ready_workers"] == 2
+    assert models["pair"]["available"] is True
+
+
+def test_both_workers_get_jobs_and_concurrent_clients(echo_sup: Supervisor) -> None:
+    before = {w["id"]: w["jobs"] for w in echo_sup.workers("echo")}
+    client = echo_sup.client()
+
+    def one(i: int) -> bool:
+        out = client.infer("echo", x(1, float(i)))
+        return bool(out["x"][0, 0] == i)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(200)))
+    client.close()
+    assert all(results)
+    after = {w["id"]: w["jobs"] for w in echo_sup.workers("echo")}
+    assert sum(after.values()) - sum(before.values()) == 200
+    assert all(after[w] > before.get(w, 0) for w in after), after
+
+
+def test_async_client(echo_sup: Supervisor) -> None:
+    async def go() -> list[float]:
+        async with AsyncClient(echo_sup.endpoint, timeout=10) as client:
+            outs = await asyncio.gather(*(client.infer("echo", x(1, float(i)))
+                                          for i in range(20)))
+            models = await client.models()
+            assert "echo" in models
+            return [float(o["x"][0, 0]) for o in outs]
+
+    assert asyncio.run(go()) == [float(i) for i in range(20)]
+
+
+def test_unknown_model(echo_sup: Supervisor) -> None:
+    with echo_sup.client() as client, pytest.raises(UnknownModel) as err:
+        client.infer("nope", x())
+    assert err.value.code == "unknown_model"
+    assert "echo" in err.value.message
+
+
+@pytest.mark.parametrize(("inputs", "fragment"), [
+    ({"x": np.zeros((2, 4), np.float64)}, "float64"),
+    ({"x": np.zeros((2, 5), np.float32)}, "does not fit"),
+    ({"y": np.zeros((2, 4), np.float32)}, "do not match"),
+    ({"x": np.zeros((2, 4), np.float32), "z": np.zeros(2, np.float32)}, "do not match"),
+])
+def test_wrong_inputs_refused_at_the_door(echo_sup: Supervisor, inputs: dict[str, Any],
+                                          fragment: str) -> None:
+    with echo_sup.client() as client, pytest.raises(BadRequest) as err:
+        client.infer("echo", inputs)
+    assert fragment in err.value.message
+    assert "float32[None, 4]" in err.value.message or "x" in err.value.message
+
+
+def test_disagreeing_batch_sizes_refused(echo_sup: Supervisor) -> None:
+    with echo_sup.client() as client, pytest.raises(BadRequest, match="batch size"):
+        client.infer("pair", {"a": np.zeros((2, 3), np.int32), "b": np.zeros(3)})
+
+
+def _raw(sup: Supervisor, frames: list[bytes], wait: float = 2.0) -> list[bytes] | None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sup.endpoint)
+    try:
+        sock.send_multipart(frames)
+        if sock.poll(wait * 1000):
+            return list(sock.recv_multipart())
+        return None
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("frames", [
+    [b"garbage"],
+    [b"a", b"", b""],
+    [b"TFS9", INFER, b"j", b"\x80"],
+    [VERSION, b"launch", b"j", msgpack.packb({})],
+    [VERSION, INFER, b"j", b"\xc1\xff not msgpack"],
+    [VERSION, INFER, b"j", msgpack.packb([1, 2])],
+    [VERSION, INFER, b"j", msgpack.packb({"model": "echo"})],
+    [VERSION, INFER, b"j", msgpack.packb({"model": "echo", "inputs": [
+        {"name": "x", "dtype": "float32", "shape": [2, 4]}]}), b"short"],
+    [VERSION, INFER, b"j", msgpack.packb({"model": "echo", "inputs": [
+        {"name": "x", "dtype": "object", "shape": [1]}]}), b"12345678"],
+    [VERSION, INFER, b"j" * 100, msgpack.packb({})],
+])
+def test_garbage_is_answered_and_daemon_serves_on(echo_sup: Supervisor,
+                                                  frames: list[bytes]) -> None:
+    reply = _raw(echo_sup, frames)
+    assert reply is not None
+    msg = decode(reply)
+    assert msg.kind == b"error"
+    assert msg.header["code"] == "bad_request"
+    with echo_sup.client() as client:
+        assert client.infer("echo", x())["x"].shape == (2, 4)
+
+
+def test_req_socket_clients_are_served(echo_sup: Supervisor) -> None:
+    """A plain REQ socket (what many languages' simplest client is) works too."""
+    specs, frames = pack_arrays(x(1, 7.0))
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(echo_sup.endpoint)
+    try:
+        sock.send_multipart(encode(Message(INFER, b"req-1", {"model": "echo",
+                                                             "inputs": specs}, frames)))
+        assert sock.poll(10_000)
+        msg = decode(sock.recv_multipart())
+    finally:
+        sock.close()
+    assert msg.kind == b"result" and msg.job_id == b"req-1"
+
+
+def test_client_timeout_is_no_reply() -> None:
+    with Client("ipc:///tmp/tfs-nobody-listens.sock", timeout=0.3) as client, \
+            pytest.raises(NoReply):
+        client.infer("echo", x())
+
+
+def test_supervisor_memory_flat_under_garbage(echo_sup: Supervisor) -> None:
+    proc = psutil.Process(echo_sup.process.pid)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(echo_sup.endpoint)
+    rng = np.random.default_rng(3)
+
+    def burst(n: int) -> None:
+        for _ in range(n):
+            sock.send_multipart([rng.bytes(int(rng.integers(0, 200)))
+                                 for _ in range(int(rng.integers(1, 6)))])
+        got = 0
+        while got < n and sock.poll(5000):
+            sock.recv_multipart()
+            got += 1
+
+    burst(3000)
+    before = proc.memory_info().rss
+    burst(10000)
+    after = proc.memory_info().rss
+    sock.close()
+    assert after - before < 5 * 1024 * 1024, (before, after)
+    with echo_sup.client() as client:
+        assert client.infer("echo", x())["x"].shape == (2, 4)
+
+
+# --- destructive: each with its own supervisor -------------------------------------------
+
+def test_killed_worker_is_replaced_and_its_job_answered(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"echo": echo_model(
+        2, sleep_on=SLEEP_MARK, sleep_seconds=1.5)}})
+    pids = {w["pid"] for w in sup.workers("echo")}
+    result: dict[str, Any] = {}
+
+    def slow_job() -> None:
+        with sup.client(timeout=30) as client:
+            result["out"] = client.infer("echo", x(1, SLEEP_MARK))
+
+    thread = threading.Thread(target=slow_job)
+    thread.start()
+    status = sup.wait_for(lambda s: any(w["in_flight"] for w in s["models"]["echo"]["workers"]),
+                          10, "job in flight")
+    victim = next(w for w in status["models"]["echo"]["workers"] if w["in_flight"])
+    os.kill(victim["pid"], signal.SIGKILL)
+    thread.join(30)
+    assert result["out"]["x"][0, 0] == SLEEP_MARK  # requeued to the other worker, answered
+    status = sup.wait_ready()
+    new_pids = {w["pid"] for w in status["models"]["echo"]["workers"]}
+    assert victim["pid"] not in new_pids and len(new_pids) == 2 and new_pids != pids
+    assert "possible OOM kill" in sup.log()
+
+
+def test_model_that_cannot_load_is_unavailable_with_backoff(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {
+        "good": echo_model(1),
+        "bad": {"handler": "worker.handlers:broken", "options": {"message": "weights missing"}},
+    }}, wait=False)
+    sup.wait_for(lambda s: s["models"]["good"]["workers"] and
+                 s["models"]["good"]["workers"][0]["state"] == "ready", 60, "good ready")
+    sup.wait_for(lambda s: not s["models"]["bad"]["available"], 30, "bad unavailable")
+    with sup.client(timeout=10) as client:
+        with pytest.raises(Unavailable, match="weights missing"):
+            client.infer("bad", x())
+        assert client.infer("good", x())["x"].shape == (2, 4)
+    time.sleep(4)
+    starts = sup.log().count('"worker_boot_failed"')
+    # 1 s, 2 s, 4 s back-off: at most 4 failed starts in ~5 s, not a hot loop.
+    assert 1 <= starts <= 4, starts
+    assert '"exit": "exit 3 (LOAD_ERROR)"' in sup.log()
+
+
+def test_sigterm_stops_cleanly_and_reaps_workers(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"echo": echo_model(2)}})
+    pids = [w["pid"] for w in sup.workers("echo")]
+    assert sup.stop() == 0
+    time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                   for p in pids)
+
+
+def test_workers_die_with_a_killed_supervisor(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"echo": echo_model(2)}})
+    pids = [w["pid"] for w in sup.workers("echo")]
+    sup.process.kill()
+    sup.process.wait()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.05)
+    alive = [p for p in pids if psutil.pid_exists(p) and
+             psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
