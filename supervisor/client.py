@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -123,7 +124,7 @@ def _outcome(msg: Message) -> dict[str, np.ndarray]:
     return unpack_arrays(msg.header.get("outputs"), msg.arrays)
 
 
-def _dealer(context: zmq.Context[Any], endpoints: list[str]) -> zmq.Socket[Any]:
+def _dealer(context: zmq.Context[Any], endpoints: list[str]) -> Any:
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)  # only queue to supervisors actually connected
@@ -156,7 +157,7 @@ class Client:
         self._local = threading.local()
 
     def _socket(self) -> zmq.Socket[Any]:
-        sock = getattr(self._local, "sock", None)
+        sock: zmq.Socket[Any] | None = getattr(self._local, "sock", None)
         if sock is None or sock.closed:
             sock = _dealer(self._context, self.endpoints)
             self._local.sock = sock
@@ -188,7 +189,7 @@ class Client:
             raise NoReply(f"no supervisor connected at {', '.join(self.endpoints)} within "
                           f"{timeout:g}s") from None
         while (left := deadline - time.monotonic()) > 0:
-            if not sock.poll(left * 1000):
+            if not sock.poll(int(left * 1000) + 1):
                 break
             reply = decode(sock.recv_multipart(copy=False))
             if reply.job_id == msg.job_id:
@@ -213,7 +214,7 @@ class AsyncClient:
         self.endpoints = _endpoints(endpoint)
         self.timeout = timeout
         self._context = zmq.asyncio.Context.instance()
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: Any = None  # zmq.asyncio.Socket, created on first use
         self._waiting: dict[bytes, asyncio.Future[Message]] = {}
         self._reader: asyncio.Task[None] | None = None
 
@@ -226,10 +227,8 @@ class AsyncClient:
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-            except asyncio.CancelledError:
-                pass
             self._reader = None
         if self._sock is not None:
             self._sock.close(linger=0)
@@ -248,7 +247,7 @@ class AsyncClient:
 
     async def _call(self, msg: Message, timeout: float) -> Message:
         if self._sock is None:
-            self._sock = _dealer(self._context, self.endpoints)  # type: ignore[arg-type]
+            self._sock = _dealer(self._context, self.endpoints)
             self._reader = asyncio.get_running_loop().create_task(self._read())
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[msg.job_id] = future
@@ -281,12 +280,12 @@ class AsyncClient:
 
 def control(endpoint: str, command: str, timeout: float = 10.0, **args: Any) -> Any:
     """Send one control command (status, recycle) and return its result; raises JobError."""
-    context = zmq.Context.instance()
+    context: zmq.Context[Any] = zmq.Context.instance()
     sock = _dealer(context, [endpoint])
     sock.setsockopt(zmq.IMMEDIATE, 0)
     try:
         sock.send_multipart(encode(Message(CONTROL, b"", {"command": command, **args})))
-        if not sock.poll(timeout * 1000):
+        if not sock.poll(int(timeout * 1000)):
             raise NoReply(f"no reply from the control endpoint {endpoint} within {timeout:g}s "
                           "(is the supervisor running?)")
         reply = decode(sock.recv_multipart())

@@ -280,10 +280,10 @@ def _with_default_policy(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _resolve_paths(model: ModelConfig, base: Path) -> ModelConfig:
     """Model files are relative to the config file, so any working directory will do."""
-    for key in ("saved_model", "keras"):
-        value = getattr(model, key)
-        if value:
-            model = dataclasses.replace(model, **{key: str((base / value).resolve())})
+    if model.saved_model:
+        model = dataclasses.replace(model, saved_model=str((base / model.saved_model).resolve()))
+    if model.keras:
+        model = dataclasses.replace(model, keras=str((base / model.keras).resolve()))
     return model
 
 

@@ -137,7 +137,7 @@ class Daemon:
         poller.register(self.signals.fileno(), zmq.POLLIN)
         try:
             while not self._finished():
-                ready = dict(poller.poll(MAX_SLEEP * 1000))
+                ready = dict(poller.poll(int(MAX_SLEEP * 1000)))
                 self._handle_signals(self.signals.take())
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)

@@ -6,6 +6,7 @@ Idle and busy are not kept here: they follow from the router's in-flight table.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -278,10 +279,8 @@ class Pool:
 
 
 def _signal(worker: WorkerHandle, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # already gone; reap() will notice
         worker.process.send_signal(signum)
-    except ProcessLookupError:
-        pass  # already gone; reap() will notice
 
 
 def _tf_dict(model: ModelConfig) -> dict[str, Any]:

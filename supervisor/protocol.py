@@ -199,9 +199,9 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]],
         array = np.asarray(value)
         if array.dtype.name not in DTYPES:
             raise ProtocolError(f"array '{name}': dtype {array.dtype.name} cannot travel")
-        array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
         specs.append(TensorSpec(name, array.dtype.name, tuple(array.shape)).to_wire())
-        frames.append(memoryview(array).cast("B") if array.nbytes >= ZERO_COPY_MIN
+        frames.append(memoryview(array.data).cast("B") if array.nbytes >= ZERO_COPY_MIN
                       else array.tobytes())
     return specs, frames
 
@@ -215,13 +215,18 @@ def unpack_arrays(specs: object, frames: Sequence[Frame]) -> dict[str, np.ndarra
     out: dict[str, np.ndarray] = {}
     for spec, frame in zip(parsed, frames, strict=True):
         dtype = np.dtype(spec.dtype).newbyteorder("<")
-        expected = math.prod(d or 0 for d in spec.shape) * dtype.itemsize
+        expected = math.prod(concrete_shape(spec)) * dtype.itemsize
         buffer = _buffer(frame)
         if len(buffer) != expected:
             raise ProtocolError(f"array '{spec.name}': {len(buffer)} bytes do not match "
                                 f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
-        out[spec.name] = np.frombuffer(buffer, dtype=dtype).reshape(spec.shape)
+        out[spec.name] = np.frombuffer(buffer, dtype=dtype).reshape(concrete_shape(spec))
     return out
+
+
+def concrete_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """The shape of an actual array (every dimension known, as unpack_arrays ensures)."""
+    return tuple(d or 0 for d in spec.shape)
 
 
 def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:

@@ -331,7 +331,8 @@ def section_schema(cls: type[Any]) -> dict[str, Any]:
     for field in section_fields(cls):
         kind: Kind = field.metadata["kind"]
         prop = dict(kind.schema())
-        prop["description"] = field.metadata["help"] + (f" (unit: {kind.unit})" if kind.unit else "")
+        unit = f" (unit: {kind.unit})" if kind.unit else ""
+        prop["description"] = field.metadata["help"] + unit
         default = _default_of(field)
         if default is not None and not dataclasses.is_dataclass(default):
             prop["default"] = default

@@ -22,8 +22,8 @@ from supervisor.client import (
     BadRequest,
     Client,
     NoReply,
-    UnknownModel,
     Unavailable,
+    UnknownModel,
 )
 from supervisor.protocol import INFER, VERSION, Message, decode, encode, pack_arrays
 from tests.conftest import Supervisor, echo_model, start_supervisor

@@ -7,6 +7,7 @@ It also watches the parent: a worker never outlives its supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -18,8 +19,8 @@ from worker import runtime
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, context: zmq.Context, endpoint: str, worker_id: str, interval: float,
-                 parent: int) -> None:
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, worker_id: str,
+                 interval: float, parent: int) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.context, self.endpoint, self.worker_id = context, endpoint, worker_id
         self.interval, self.parent = interval, parent
@@ -37,10 +38,8 @@ class Heartbeat(threading.Thread):
                     os._exit(WorkerExit.ORPHANED)
                 header = {"worker": self.worker_id, "jobs": self.jobs,
                           "tf_memory": runtime.tf_memory_info()}
-                try:
+                with contextlib.suppress(zmq.Again):
                     sock.send_multipart(encode(Message(HEARTBEAT, b"", header)), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
         finally:
             sock.close()
 

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError) as exc:
         print(f"worker: bad or missing {ENV_SPEC}: {exc}", file=sys.stderr)
         return WorkerExit.BOOT_ERROR
-    logs.configure(spec.get("log_level", "info"), spec.get("log_format", "auto"), worker=args.id, model=args.model)
+    logs.configure(spec.get("log_level", "info"), spec.get("log_format", "auto"),
+                   worker=args.id, model=args.model)
     if os.getppid() != parent:  # the supervisor died before PDEATHSIG was armed
         return WorkerExit.ORPHANED
     stop = StopFlag()

@@ -93,9 +93,10 @@ def load_keras(path: str) -> Runner:
 
     # One traced graph for every batch size: model(x, training=False), never predict(),
     # which grows memory when called in a loop.
-    @tf.function(input_signature=signature)
-    def forward(*tensors: Any) -> Any:
+    def forward_eager(*tensors: Any) -> Any:
         return model(list(tensors) if len(tensors) > 1 else tensors[0], training=False)
+
+    forward = tf.function(forward_eager, input_signature=signature)
 
     def call(arrays: Arrays) -> dict[str, Any]:
         result = forward(*(tf.constant(arrays[s.name]) for s in inputs))

@@ -1,0 +1,125 @@
+"""Real TensorFlow workers serving the demo MLP as a SavedModel and as a .keras file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from supervisor.client import BadRequest
+from tests.conftest import Supervisor, short_tmpdir, start_supervisor
+
+pytestmark = pytest.mark.tf
+tf = pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
+
+
+@pytest.fixture(scope="module")
+def models_dir() -> Iterator[Path]:
+    from worker import demo_model
+
+    path = short_tmpdir()
+    # The SavedModel comes from the CLI command users run; the .keras file from the same
+    # builder, so both serve the design brief's MLP.
+    subprocess.run([sys.executable, "-m", "supervisor", "demo-model", str(path / "demo_sm")],
+                   check=True)
+    demo_model.build(seed=11).save(path / "demo.keras")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tf_sup(models_dir: Path) -> Iterator[Supervisor]:
+    threads = {"intra_op_threads": 1, "inter_op_threads": 1}
+    sup = start_supervisor({"models": {
+        "sm": {"saved_model": str(models_dir / "demo_sm"), "workers": 2, "tf": threads},
+        "kr": {"keras": str(models_dir / "demo.keras"), "workers": 1, "tf": threads},
+    }})
+    try:
+        sup.wait_ready(timeout=180)
+        yield sup
+    finally:
+        sup.stop()
+
+
+def features(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+
+
+def test_saved_model_matches_in_process_inference(tf_sup: Supervisor, models_dir: Path) -> None:
+    loaded = tf.saved_model.load(str(models_dir / "demo_sm"))
+    serve = loaded.signatures["serving_default"]
+    batch = features(7, seed=1)
+    expected = serve(features=tf.constant(batch))["output_0"].numpy()
+    with tf_sup.client() as client:
+        out = client.infer("sm", {"features": batch})
+    assert set(out) == {"output_0"}
+    np.testing.assert_allclose(out["output_0"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_matches_in_process_inference(tf_sup: Supervisor, models_dir: Path) -> None:
+    import keras
+
+    model = keras.models.load_model(models_dir / "demo.keras", compile=False)
+    batch = features(5, seed=2)
+    expected = model(batch, training=False).numpy()
+    with tf_sup.client() as client:
+        out = client.infer("kr", {"features": batch})
+    assert set(out) == {"probability"}
+    np.testing.assert_allclose(out["probability"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_specs_known_from_the_model(tf_sup: Supervisor) -> None:
+    with tf_sup.client() as client:
+        models = client.models()
+    assert models["sm"]["inputs"] == [{"name": "features", "dtype": "float32",
+                                       "shape": [None, 64]}]
+    assert models["kr"]["outputs"] == [{"name": "probability", "dtype": "float32",
+                                        "shape": [None, 1]}]
+
+
+def test_concurrent_clients_spread_over_both_workers(tf_sup: Supervisor,
+                                                     models_dir: Path) -> None:
+    loaded = tf.saved_model.load(str(models_dir / "demo_sm"))
+    serve = loaded.signatures["serving_default"]
+    batches = [features(1 + i % 9, seed=100 + i) for i in range(60)]
+    expected = [serve(features=tf.constant(b))["output_0"].numpy() for b in batches]
+    before = {w["id"]: w["jobs"] for w in tf_sup.workers("sm")}
+    client = tf_sup.client()
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda b: client.infer("sm", {"features": b}), batches))
+    client.close()
+    for out, want in zip(outs, expected, strict=True):
+        np.testing.assert_allclose(out["output_0"], want, rtol=1e-5, atol=1e-6)
+    after = {w["id"]: w["jobs"] for w in tf_sup.workers("sm")}
+    assert all(after[w] > before.get(w, 0) for w in after), (before, after)
+
+
+def test_wrong_dtype_refused_with_the_expected_spec(tf_sup: Supervisor) -> None:
+    with tf_sup.client() as client, pytest.raises(BadRequest) as err:
+        client.infer("sm", {"features": np.zeros((2, 64), np.float64)})
+    assert "features: float32[None, 64]" in err.value.message
+
+
+def test_cli_infer_random_and_status_json(tf_sup: Supervisor) -> None:
+    cli = [sys.executable, "-m", "supervisor"]
+    out = subprocess.run([*cli, "infer", "-c", str(tf_sup.config_path), "sm", "--random",
+                          "--batch", "3"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "output_0: float32[3, 1]" in out.stdout
+    out = subprocess.run([*cli, "status", "-c", str(tf_sup.config_path), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    report: dict[str, Any] = json.loads(out.stdout)
+    workers = report["models"]["sm"]["workers"]
+    assert len(workers) == 2
+    for worker in workers:
+        assert {"id", "pid", "state", "rss", "jobs", "age"} <= set(worker)
+        assert worker["rss"] > 100 * 1024**2  # a TF process
+    assert report["models"]["sm"]["recycles"] == {}
