@@ -8,6 +8,7 @@ from supervisor.frontend import specs_to_wire
 from supervisor.monitor import Monitor
 from supervisor.pool import Pool, WorkerHandle
 from supervisor.router import Router
+from supervisor.sampling import read_memory
 
 
 class Controller:
@@ -18,7 +19,18 @@ class Controller:
         command = header.get("command")
         if command == "status":
             return {"ok": True, "result": self.status(now)}
-        return {"ok": False, "error": f"unknown command {command!r}; known: status"}
+        if command == "recycle":
+            return self.recycle(header.get("model"), header.get("worker"))
+        return {"ok": False, "error": f"unknown command {command!r}; known: status, recycle"}
+
+    def recycle(self, model: object, worker: object) -> dict[str, Any]:
+        if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):
+            return {"ok": False, "error": "recycle needs a model name and optionally a worker id"}
+        try:
+            scheduled = self.monitor.request(model, worker)
+        except KeyError as exc:
+            return {"ok": False, "error": str(exc.args[0])}
+        return {"ok": True, "result": {"scheduled": scheduled}}
 
     def status(self, now: float) -> dict[str, Any]:
         models = {}
@@ -29,6 +41,10 @@ class Controller:
                 "queued": self.router.queued(name),
                 "in_flight": sum(1 for j in self.router.inflight.values() if j.model == name),
                 "recycles": dict(state.recycles),
+                "last_recycle": _last_recycle(state.last_recycle, now),
+                "memory_metric": state.config.policy.memory_metric,
+                "max_memory": state.config.policy.max_memory,
+                "memory_recycles_paused": max(0.0, round(state.recycle_backoff_until - now, 1)),
                 "available": not state.unavailable,
                 "last_error": state.last_error,
                 "inputs": specs_to_wire(state.inputs),
@@ -37,8 +53,23 @@ class Controller:
 
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()
+        a = worker.assessment
         return {"id": worker.id, "pid": worker.pid, "state": worker.state.value,
-                "rss": last.memory if last else None,
+                "rss": read_memory(worker.pid, "rss"),
+                "memory": last.memory if last else None,
+                "vram": last.vram if last else None,
+                "tf_memory": worker.tf_memory,
                 "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
                 "in_flight": len(self.router.held_by(worker.id)),
+                "warmed_up": a.warmed_up, "baseline": a.baseline,
+                "growth_per_1k_jobs": a.growth_per_1k_jobs,
+                "growth_per_hour": a.growth_per_hour,
+                "seconds_to_limit": a.seconds_to_limit,
                 "recycle_reason": worker.recycle_reason}
+
+
+def _last_recycle(last: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    if last is None:
+        return None
+    return {"reason": last["reason"], "worker": last["worker"],
+            "seconds_ago": round(now - last["at"], 1)}

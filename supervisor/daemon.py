@@ -19,6 +19,7 @@ import zmq
 from supervisor import logs
 from supervisor.config import Config
 from supervisor.control import Controller
+from supervisor.exitcodes import describe_exit
 from supervisor.frontend import Refusal, admit, specs_to_wire
 from supervisor.monitor import Monitor
 from supervisor.pool import Pool, State, WorkerHandle
@@ -294,9 +295,12 @@ class Daemon:
             return
         policy = self.pool.models[worker.model].config.policy
         why = f"worker {worker.id} (pid {worker.pid}) exited with jobs in hand"
-        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why)
-        log.warning("jobs_requeued", model=worker.model, worker=worker.id,
-                    requeued=requeued, failed_as_poison=failed)
+        # A worker we killed for its memory (or to stop it) says nothing about its jobs; one
+        # that died on its own, or hung, may have been killed by one of them.
+        blame = not worker.killed_by_us or worker.recycle_reason == "hung"
+        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why, blame)
+        log.warning("jobs_requeued", model=worker.model, worker=worker.id, pid=worker.pid,
+                    exit=describe_exit(code), requeued=requeued, failed_as_poison=failed)
 
     def _drain_progress(self, now: float) -> None:
         for worker in list(self.pool.workers.values()):
@@ -305,10 +309,11 @@ class Daemon:
             held = self.router.held_by(worker.id)
             if held and worker.drain_deadline is not None and now > worker.drain_deadline:
                 policy = self.pool.models[worker.model].config.policy
-                self.router.requeue(worker.id, policy.max_attempts + 1,
-                                    f"worker {worker.id} did not drain in time")
+                self.router.requeue(worker.id, policy.max_attempts,
+                                    f"worker {worker.id} did not drain in time", False)
                 log.warning("drain_timeout", model=worker.model, worker=worker.id,
-                            requeued=len(held))
+                            pid=worker.pid, requeued=len(held),
+                            drain_timeout=policy.drain_timeout)
                 self.pool.kill(worker, worker.recycle_reason or "drain_timeout")
             elif not held:
                 self.pool.stop(worker, now, worker.recycle_reason or "drained")

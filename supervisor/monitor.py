@@ -1,32 +1,222 @@
-"""Every poll interval: sample each worker's memory into its bounded history."""
+"""Every poll interval: sample each worker's memory, ask the policy, start recycles.
+
+The recycle itself (replacement first, drain, stop) is carried by worker states: a worker
+with a ``recycle_reason`` no longer counts towards its model's workers, so the pool spawns
+its replacement; once enough fresh workers are ready, ``advance`` moves it to draining; the
+daemon stops it when it holds no more jobs.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from supervisor import logs
 from supervisor.config import SupervisorSection
+from supervisor.gpu import VramReader
 from supervisor.history import Sample
-from supervisor.pool import Pool, State, WorkerHandle
+from supervisor.policy import Action, Verdict, WorkerFacts, evaluate, pressure_victim
+from supervisor.pool import ModelState, Pool, State, WorkerHandle
 from supervisor.router import Router
 from supervisor.sampling import read_memory
 
+log = logs.get("monitor")
+
+# Recycles caused by the worker's own memory: the ones that say a policy may be too tight.
+MEMORY_REASONS = frozenset({"max_memory", "growth_per_1k_jobs", "growth_per_hour", "max_vram",
+                            "vram_growth_per_1k_jobs", "kill_memory"})
+# Most urgent first when several workers of a model want to go and only K may.
+URGENCY = ["max_memory", "max_vram", "host_pressure", "growth_per_1k_jobs", "growth_per_hour",
+           "vram_growth_per_1k_jobs", "manual", "max_jobs", "max_age"]
+MAX_CHURN_BACKOFF = 3600.0
+
+
+@dataclass
+class Candidate:
+    worker: WorkerHandle
+    reason: str
+    verdict: Verdict
+
+
+def available_memory() -> int:
+    return int(psutil.virtual_memory().available)
+
 
 class Monitor:
-    def __init__(self, pool: Pool, router: Router, settings: SupervisorSection) -> None:
+    def __init__(self, pool: Pool, router: Router, settings: SupervisorSection,
+                 vram: VramReader | None = None,
+                 host_available: Callable[[], int] = available_memory) -> None:
         self.pool, self.router, self.settings = pool, router, settings
+        self.vram = vram or VramReader()
+        self.host_available = host_available
         self.next_poll = 0.0
+        self.manual: set[str] = set()  # worker ids an operator asked to recycle
+
+    # --- sampling ------------------------------------------------------------------------
 
     def on_ready(self, worker: WorkerHandle, now: float) -> None:
-        self.sample(worker, now)
+        self.sample([worker], now)
+        policy = self.pool.models[worker.model].config.policy
+        last = worker.history.last()
+        if last is not None and policy.max_memory is not None and last.memory >= policy.max_memory:
+            self._too_tight(worker, "max_memory", now,
+                            f"a fresh worker already uses {last.memory} bytes after warm-up, "
+                            f"over max_memory {policy.max_memory}")
+
+    def sample(self, workers: list[WorkerHandle], now: float) -> None:
+        vram = self.vram.read(w.pid for w in workers)
+        for worker in workers:
+            metric = self.pool.models[worker.model].config.policy.memory_metric
+            memory = read_memory(worker.pid, metric)
+            if memory is not None:
+                worker.history.add(Sample(now, worker.jobs, memory, vram.get(worker.pid)))
 
     def tick(self, now: float) -> None:
+        self.advance(now)
         if now < self.next_poll:
             return
         self.next_poll = now + self.settings.poll_interval
-        for worker in list(self.pool.workers.values()):
-            if worker.state is not State.GONE:
-                self.sample(worker, now)
+        live = [w for w in self.pool.workers.values() if w.state is not State.GONE]
+        self.sample(live, now)
+        self.manual &= set(self.pool.workers)
+        for state in self.pool.models.values():
+            self._judge(state, now)
+        self._host_pressure(now)
 
-    def sample(self, worker: WorkerHandle, now: float) -> None:
-        metric = self.pool.models[worker.model].config.policy.memory_metric
-        memory = read_memory(worker.pid, metric)
-        if memory is not None:
-            worker.history.add(Sample(now, worker.jobs, memory))
+    # --- decisions -----------------------------------------------------------------------
+
+    def _judge(self, state: ModelState, now: float) -> None:
+        policy = state.config.policy
+        candidates = []
+        for worker in self.pool.ready(state.name):
+            if worker.leaving:
+                continue
+            facts = WorkerFacts(worker.started_at, worker.jobs, worker.jitter,
+                                worker.trend_streak, worker.ready_at)
+            verdict = evaluate(list(worker.history), facts, policy, now)
+            worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
+            if verdict.action is Action.KILL:
+                self.kill(worker, verdict, now)
+            elif verdict.action is Action.RECYCLE:
+                candidates.append(Candidate(worker, verdict.reason, verdict))
+            elif worker.id in self.manual:
+                candidates.append(Candidate(worker, "manual", verdict))
+        if now < state.recycle_backoff_until:
+            candidates = [c for c in candidates if c.reason not in MEMORY_REASONS]
+        candidates.sort(key=lambda c: URGENCY.index(c.reason) if c.reason in URGENCY else 99)
+        for candidate in candidates[:self.free_slots(state)]:
+            self.start_recycle(candidate.worker, candidate.reason, candidate.verdict, now)
+
+    def free_slots(self, state: ModelState) -> int:
+        busy = sum(1 for w in self.pool.of_model(state.name)
+                   if w.recycle_reason is not None and w.state is not State.GONE)
+        return max(0, state.config.policy.max_concurrent_recycles - busy)
+
+    def _host_pressure(self, now: float) -> None:
+        floor = self.settings.min_available_memory
+        if floor is None or any(w.recycle_reason == "host_pressure"
+                                for w in self.pool.workers.values()):
+            return  # one at a time
+        available = self.host_available()
+        if available >= floor:
+            return
+        eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
+                    if not w.leaving and self.free_slots(state) > 0]
+        victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
+        if victim_id is None:
+            return
+        victim = self.pool.workers[victim_id]
+        verdict = Verdict(Action.RECYCLE, "host_pressure",
+                          f"host has {available} bytes available, under {floor}",
+                          victim.assessment)
+        self.start_recycle(victim, "host_pressure", verdict, now)
+
+    # --- acting --------------------------------------------------------------------------
+
+    def start_recycle(self, worker: WorkerHandle, reason: str, verdict: Verdict,
+                      now: float) -> None:
+        state = self.pool.models[worker.model]
+        self.pool.count_recycle(worker, reason, now)
+        self.manual.discard(worker.id)
+        self._note_churn(worker, reason, now)
+        policy = state.config.policy
+        log.info("worker_recycling", **self._event(worker, reason, verdict, now),
+                 surge=policy.surge)
+        if policy.surge:
+            worker.recycle_reason = reason  # serves on until its replacement is ready
+        else:
+            self.pool.begin_drain(worker, reason, now)
+
+    def kill(self, worker: WorkerHandle, verdict: Verdict, now: float) -> None:
+        self.pool.count_recycle(worker, verdict.reason, now)
+        self._note_churn(worker, verdict.reason, now)
+        log.warning("worker_killed", **self._event(worker, verdict.reason, verdict, now))
+        self.pool.kill(worker, verdict.reason)
+
+    def advance(self, now: float) -> None:
+        """Surge: drain a leaving worker once a fresh one has taken its place."""
+        for name, state in self.pool.models.items():
+            ready = self.pool.ready(name)
+            leaving = [w for w in ready if w.leaving]
+            if not leaving:
+                continue
+            surplus = len(ready) - state.config.workers
+            if not self.pool.spawning or state.removed:
+                surplus = len(leaving)
+            for worker in leaving[:max(0, surplus)]:
+                self.pool.begin_drain(worker, worker.recycle_reason or "recycle", now)
+
+    def request(self, model: str, worker_id: str | None) -> list[str]:
+        """Queue a manual recycle (graceful, like any other); returns the worker ids."""
+        if model not in self.pool.models:
+            raise KeyError(f"no model named '{model}'")
+        targets = [w for w in self.pool.of_model(model)
+                   if w.state in (State.STARTING, State.READY) and not w.leaving]
+        if worker_id is not None:
+            targets = [w for w in targets if w.id == worker_id]
+            if not targets:
+                raise KeyError(f"model '{model}' has no live worker '{worker_id}'")
+        self.manual.update(w.id for w in targets)
+        return [w.id for w in targets]
+
+    # --- bookkeeping ---------------------------------------------------------------------
+
+    def _note_churn(self, worker: WorkerHandle, reason: str, now: float) -> None:
+        if reason not in MEMORY_REASONS:
+            return
+        state = self.pool.models[worker.model]
+        policy = state.config.policy
+        age = now - worker.started_at
+        if age >= policy.min_lifetime:
+            state.churn = 0
+            return
+        self._too_tight(worker, reason, now, f"recycled for {reason} after only {age:.0f}s "
+                        f"(policy.min_lifetime {policy.min_lifetime:.0f}s)")
+
+    def _too_tight(self, worker: WorkerHandle, reason: str, now: float, detail: str) -> None:
+        state = self.pool.models[worker.model]
+        policy = state.config.policy
+        state.churn += 1
+        backoff = min(MAX_CHURN_BACKOFF, policy.min_lifetime * 2 ** (state.churn - 1))
+        state.recycle_backoff_until = now + backoff
+        log.error("policy_too_tight", model=worker.model, worker=worker.id, reason=reason,
+                  detail=detail, baseline=worker.assessment.baseline or _first(worker),
+                  max_memory=policy.max_memory, churn=state.churn,
+                  memory_recycles_paused_seconds=round(backoff),
+                  hint="raise the limit above the measured baseline, or fix the leak")
+
+    def _event(self, worker: WorkerHandle, reason: str, verdict: Verdict,
+               now: float) -> dict[str, Any]:
+        return {"model": worker.model, "worker": worker.id, "pid": worker.pid, "reason": reason,
+                "detail": verdict.detail, "jobs": worker.jobs,
+                "age_seconds": round(now - worker.started_at, 1),
+                "in_flight": len(self.router.held_by(worker.id)),
+                **verdict.assessment.fields()}
+
+
+def _first(worker: WorkerHandle) -> int | None:
+    first = next(iter(worker.history), None)
+    return first.memory if first else None

@@ -22,6 +22,7 @@ from supervisor import logs
 from supervisor.config import Config, ModelConfig
 from supervisor.exitcodes import WorkerExit, describe_exit
 from supervisor.history import History
+from supervisor.policy import Assessment
 from supervisor.protocol import STOP, Message, TensorSpec, parse_specs
 
 log = logs.get("pool")
@@ -54,11 +55,12 @@ class WorkerHandle:
     warmup_seconds: float | None = None
     tf_memory: dict[str, int] | None = None
     recycle_reason: str | None = None  # set when the worker is on its way out
-    replaced_by: str | None = None  # surge: the replacement being warmed up
     stop_deadline: float | None = None
     drain_deadline: float | None = None
     killed_by_us: bool = False
     history: History = field(default_factory=History)
+    assessment: Assessment = field(default_factory=Assessment)  # the policy's latest numbers
+    trend_streak: int = 0  # consecutive evaluations over a trend limit
 
     @property
     def pid(self) -> int:
@@ -83,6 +85,9 @@ class ModelState:
     backoff_until: float = 0.0
     last_error: str | None = None
     recycles: dict[str, int] = field(default_factory=dict)
+    last_recycle: dict[str, Any] | None = None
+    churn: int = 0  # memory recycles in a row of workers younger than policy.min_lifetime
+    recycle_backoff_until: float = 0.0  # memory recycles wait until then (policy too tight)
     next_seq: int = 1
     removed: bool = False  # dropped by a reload: drain its workers, spawn none
 
@@ -136,7 +141,8 @@ class Pool:
         )
         jitter = self.rng.uniform(0.0, state.config.policy.jitter)
         handle = WorkerHandle(worker_id, model, process, started_at=now, jitter=jitter,
-                              last_heartbeat=now)
+                              last_heartbeat=now,
+                              history=History(max(2 * state.config.policy.trend_window, 64)))
         self.workers[worker_id] = handle
         log.info("worker_started", model=model, worker=worker_id, pid=process.pid)
         return handle
@@ -239,10 +245,6 @@ class Pool:
             log.warning("worker_died", **fields)
         else:
             log.info("worker_exited", **fields, reason=worker.recycle_reason)
-        for other in self.workers.values():  # a surge replacement died: its elder serves on
-            if other.replaced_by == worker.id:
-                other.replaced_by = None
-                other.recycle_reason = None
 
     def maintain(self, now: float) -> list[WorkerHandle]:
         """Spawn missing workers (respecting back-off), escalate stuck stops, kill workers
@@ -273,9 +275,10 @@ class Pool:
                 self.kill(worker, worker.recycle_reason or "stop_timeout")
         return spawned
 
-    def count_recycle(self, model: str, reason: str) -> None:
-        recycles = self.models[model].recycles
-        recycles[reason] = recycles.get(reason, 0) + 1
+    def count_recycle(self, worker: WorkerHandle, reason: str, now: float) -> None:
+        state = self.models[worker.model]
+        state.recycles[reason] = state.recycles.get(reason, 0) + 1
+        state.last_recycle = {"reason": reason, "worker": worker.id, "at": now}
 
 
 def _signal(worker: WorkerHandle, signum: int) -> None:

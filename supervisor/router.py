@@ -121,15 +121,22 @@ class Router:
             return None
         return job
 
-    def requeue(self, worker_id: str, max_attempts: int, why: str) -> tuple[int, int]:
+    def requeue(self, worker_id: str, max_attempts: int, why: str,
+                blame_jobs: bool = True) -> tuple[int, int]:
         """Take back a lost worker's jobs: to the front of their queue, or answered
-        ``worker_crashed`` once they have been tried ``max_attempts`` times.
-        Returns (requeued, failed)."""
+        ``worker_crashed`` once they have been tried ``max_attempts`` times. With
+        ``blame_jobs`` false (we killed the worker for its memory, say) the try is not
+        counted against the jobs. Returns (requeued, failed)."""
         requeued = failed = 0
         for job in sorted(self.held_by(worker_id), key=lambda j: j.id, reverse=True):
             del self.inflight[job.id]
-            job.crashed_workers.append(worker_id)
             job.worker = job.dispatched_at = None
+            if not blame_jobs:
+                job.attempts -= 1
+                self.queues.setdefault(job.model, deque()).appendleft(job)
+                requeued += 1
+                continue
+            job.crashed_workers.append(worker_id)
             if job.attempts >= max_attempts:
                 self.fail(job, WORKER_CRASHED, f"{why}; the job was tried on {job.attempts} "
                           f"worker(s) ({', '.join(job.crashed_workers)}), each lost — possibly a "

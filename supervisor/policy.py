@@ -1,0 +1,255 @@
+"""The recycling policy: pure. Samples and settings in, a verdict with its reason out.
+
+No clocks, no I/O: the time is passed in. How a trend is judged (docs/policy.md):
+
+- Only samples after warm-up count (both ``warmup_jobs`` and ``warmup_seconds`` passed),
+  the last ``trend_window`` of them, and at least half a window.
+- The slope is Theil-Sen (median of pairwise slopes), so one spike moves it little.
+- A trend is *confident* only when both halves of the window, fitted on their own, are
+  over the limit too. A step (flat, jump, flat) has two flat halves; a warm-up ramp that
+  levels off has a flat second half; a steady leak has two steep halves.
+- Growth that is decaying (second half slower than the first) is projected as a geometric
+  series; if it levels off under ``max_memory``, it is not a leak.
+- With ``max_memory`` set, growth that would not reach it within ``trend_horizon`` is not
+  acted on.
+- The condition must hold on ``trend_confirmations`` evaluations in a row (the caller keeps
+  the streak and passes it back in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from supervisor.config import PolicyConfig
+from supervisor.history import Sample
+
+MIN_TREND_SAMPLES = 6
+# How many standard errors a slope must clear its limit by: noise alone must not recycle.
+CONFIDENCE_Z = 3.0
+
+
+class Action(Enum):
+    KEEP = "keep"
+    RECYCLE = "recycle"  # graceful: replacement first, drain, stop
+    KILL = "kill"  # hard: SIGKILL now, requeue its jobs
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What the policy needs to know about one worker besides its samples."""
+
+    started_at: float  # when spawned: max_age counts from here
+    jobs: int
+    jitter: float  # this worker's fraction off max_jobs / max_age
+    trend_streak: int = 0  # consecutive evaluations a trend limit was over
+    ready_at: float | None = None  # warm-up counts from here (spawn time if not given)
+
+
+@dataclass(frozen=True)
+class Slope:
+    """A fitted slope with the two half-window fits that make it confident or not."""
+
+    value: float  # bytes per x unit over the whole window
+    first_half: float
+    second_half: float
+    span: float  # x covered by the window (jobs or seconds)
+    stderr: float  # robust standard error of ``value`` (MAD of the residuals)
+
+    def confidently_over(self, limit: float) -> bool:
+        """Over the limit beyond noise (3 standard errors), in both halves as well."""
+        return self.value - CONFIDENCE_Z * self.stderr > limit and \
+            min(self.first_half, self.second_half) > limit
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The numbers behind a verdict, shown by `status` and logged with every recycle."""
+
+    memory: int | None = None
+    vram: int | None = None
+    baseline: int | None = None  # first memory sample after warm-up
+    warmed_up: bool = False
+    window: int = 0  # samples in the trend window
+    growth_per_1k_jobs: float | None = None  # bytes
+    growth_per_hour: float | None = None  # bytes
+    vram_growth_per_1k_jobs: float | None = None
+    seconds_to_limit: float | None = None  # at the current time slope, to max_memory
+
+    def fields(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if v is not None}
+        for key in ("growth_per_1k_jobs", "growth_per_hour", "vram_growth_per_1k_jobs",
+                    "seconds_to_limit"):
+            if key in out:
+                out[key] = round(out[key], 1)
+        return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str  # stable reason name, e.g. "max_memory", "growth_per_1k_jobs"
+    detail: str
+    assessment: Assessment = field(default_factory=Assessment)
+    trend_streak: int = 0
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Median of pairwise slopes over pairs with distinct x; None if there are none."""
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    keep = dx > 0
+    if not keep.any():
+        return None
+    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
+
+
+def fit(x: np.ndarray, y: np.ndarray) -> Slope | None:
+    """Whole-window and half-window Theil-Sen slopes of y against x."""
+    half = len(x) // 2
+    whole = theil_sen(x, y)
+    first = theil_sen(x[:half], y[:half])
+    second = theil_sen(x[half:], y[half:])
+    if whole is None or first is None or second is None:
+        return None
+    residuals = y - whole * x
+    residuals -= np.median(residuals)
+    scale = 1.4826 * float(np.median(np.abs(residuals)))  # robust sigma of the noise
+    spread = float(np.sqrt(np.sum((x - x.mean()) ** 2)))
+    stderr = scale / spread if spread > 0 else math.inf
+    return Slope(whole, first, second, float(x[-1] - x[0]), stderr)
+
+
+def warmed_up(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> list[Sample]:
+    """Samples taken after warm-up: age >= warmup_seconds and jobs >= warmup_jobs."""
+    ready = facts.ready_at if facts.ready_at is not None else facts.started_at
+    start = ready + policy.warmup_seconds
+    return [s for s in samples if s.t >= start and s.jobs >= policy.warmup_jobs]
+
+
+def levels_off_below(slope: Slope, current: float, limit: int | None) -> bool:
+    """Decaying growth whose geometric tail stays under ``limit`` is not a leak."""
+    if limit is None or slope.second_half >= slope.first_half or slope.first_half <= 0:
+        return False
+    ratio = max(0.0, slope.second_half / slope.first_half)
+    half_span = slope.span / 2
+    remaining = slope.second_half * half_span * ratio / (1 - ratio)
+    return current + remaining < limit
+
+
+def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> tuple[
+        Assessment, Slope | None, Slope | None, Slope | None]:
+    """Numbers for the verdict, and the memory-per-job, memory-per-second and
+    VRAM-per-job fits (None when there is not enough warmed-up data)."""
+    last = samples[-1] if samples else None
+    after = warmed_up(samples, facts, policy)
+    window = after[-policy.trend_window:]
+    enough = len(window) >= max(MIN_TREND_SAMPLES, policy.trend_window // 2)
+    per_job = per_second = vram_per_job = None
+    if enough:
+        jobs = np.array([s.jobs for s in window], dtype=float)
+        times = np.array([s.t for s in window], dtype=float)
+        memory = np.array([s.memory for s in window], dtype=float)
+        per_job = fit(jobs, memory)
+        per_second = fit(times, memory)
+        vram = [s.vram for s in window]
+        if all(v is not None for v in vram):
+            vram_per_job = fit(jobs, np.array(vram, dtype=float))
+    seconds_to_limit = None
+    if last is not None and policy.max_memory is not None and per_second is not None \
+            and per_second.value > 0:
+        seconds_to_limit = max(0.0, (policy.max_memory - last.memory) / per_second.value)
+    assessment = Assessment(
+        memory=last.memory if last else None,
+        vram=last.vram if last else None,
+        baseline=after[0].memory if after else None,
+        warmed_up=bool(after),
+        window=len(window) if enough else 0,
+        growth_per_1k_jobs=per_job.value * 1000 if per_job else None,
+        growth_per_hour=per_second.value * 3600 if per_second else None,
+        vram_growth_per_1k_jobs=vram_per_job.value * 1000 if vram_per_job else None,
+        seconds_to_limit=seconds_to_limit,
+    )
+    return assessment, per_job, per_second, vram_per_job
+
+
+def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig,
+             now: float) -> Verdict:
+    """Decide what to do with one ready worker now."""
+    assessment, per_job, per_second, vram_per_job = assess(samples, facts, policy)
+    hard = _limits(assessment, facts, policy, now)
+    if hard is not None:
+        action, reason, detail = hard
+        return Verdict(action, reason, detail, assessment, facts.trend_streak)
+    trend = _trend(assessment, per_job, per_second, vram_per_job, policy)
+    if trend is None:
+        return Verdict(Action.KEEP, "", "", assessment, 0)
+    streak = facts.trend_streak + 1
+    reason, detail = trend
+    if streak < policy.trend_confirmations:
+        return Verdict(Action.KEEP, "", f"{detail} ({streak}/{policy.trend_confirmations} "
+                       "confirmations)", assessment, streak)
+    return Verdict(Action.RECYCLE, reason, detail, assessment, streak)
+
+
+def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
+            now: float) -> tuple[Action, str, str] | None:
+    """Hard and lifetime limits: they apply before warm-up too."""
+    if policy.kill_memory is not None and a.memory is not None and a.memory >= policy.kill_memory:
+        return Action.KILL, "kill_memory", f"memory {a.memory} >= kill_memory {policy.kill_memory}"
+    if policy.max_memory is not None and a.memory is not None and a.memory >= policy.max_memory:
+        return Action.RECYCLE, "max_memory", f"memory {a.memory} >= max_memory {policy.max_memory}"
+    if policy.max_vram is not None and a.vram is not None and a.vram >= policy.max_vram:
+        return Action.RECYCLE, "max_vram", f"VRAM {a.vram} >= max_vram {policy.max_vram}"
+    scale = 1.0 - facts.jitter
+    if policy.max_jobs is not None and facts.jobs >= policy.max_jobs * scale:
+        return Action.RECYCLE, "max_jobs", f"{facts.jobs} jobs >= max_jobs {policy.max_jobs} " \
+            f"less {facts.jitter:.0%} jitter"
+    age = now - facts.started_at
+    if policy.max_age is not None and age >= policy.max_age * scale:
+        return Action.RECYCLE, "max_age", f"age {age:.0f}s >= max_age {policy.max_age:.0f}s " \
+            f"less {facts.jitter:.0%} jitter"
+    return None
+
+
+def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
+           vram_per_job: Slope | None, policy: PolicyConfig) -> tuple[str, str] | None:
+    """A confident growth trend over a limit, that will matter within the horizon."""
+    if a.memory is None:
+        return None
+    if a.seconds_to_limit is not None and a.seconds_to_limit > policy.trend_horizon:
+        return None  # it may grow, but it will not reach max_memory in time to matter
+    checks = [
+        ("growth_per_1k_jobs", per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
+         policy.max_memory),
+        ("growth_per_hour", per_second, policy.max_growth_per_hour, 3600, "per hour",
+         policy.max_memory),
+        ("vram_growth_per_1k_jobs", vram_per_job, policy.max_vram_growth_per_1k_jobs, 1000,
+         "of VRAM per 1k jobs", policy.max_vram),
+    ]
+    for reason, slope, limit, scale, unit, ceiling in checks:
+        if slope is None or limit is None or not slope.confidently_over(limit / scale):
+            continue
+        current = a.vram if reason.startswith("vram") else a.memory
+        if current is not None and levels_off_below(slope, current, ceiling):
+            continue
+        return reason, f"growing {slope.value * scale:.0f} bytes {unit} (halves " \
+            f"{slope.first_half * scale:.0f} and {slope.second_half * scale:.0f}) > {limit}"
+    return None
+
+
+def pressure_victim(candidates: Sequence[tuple[str, Assessment]]) -> str | None:
+    """Under host memory pressure: the fastest-growing worker (per hour), else the largest."""
+    if not candidates:
+        return None
+
+    def key(item: tuple[str, Assessment]) -> tuple[float, float]:
+        _, a = item
+        return (a.growth_per_hour or 0.0, float(a.memory or 0))
+
+    return max(candidates, key=key)[0]

@@ -1,0 +1,237 @@
+"""The policy on synthetic memory series: each shape with its expected decision."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.config import PolicyConfig
+from supervisor.history import Sample
+from supervisor.policy import (
+    Action,
+    Assessment,
+    WorkerFacts,
+    evaluate,
+    pressure_victim,
+    theil_sen,
+)
+
+MB = 1024**2
+BASE = 600 * MB
+JOBS_PER_SAMPLE = 10  # 10 jobs per 1 s poll
+
+POLICY = PolicyConfig(warmup_jobs=0, warmup_seconds=0.0, trend_window=60, trend_confirmations=1,
+                      max_growth_per_1k_jobs=10 * MB, max_growth_per_hour=None)
+
+
+def series(memory: Callable[[int], float], n: int = 90, jobs_per_sample: int = JOBS_PER_SAMPLE,
+           noise: float = 0.0, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    return [Sample(t=float(i), jobs=i * jobs_per_sample,
+                   memory=int(memory(i) + (rng.normal(0, noise) if noise else 0)))
+            for i in range(n)]
+
+
+def decide(samples: list[Sample], policy: PolicyConfig = POLICY, jitter: float = 0.0,
+           streak: int = 0) -> tuple[Action, str]:
+    now = samples[-1].t
+    facts = WorkerFacts(started_at=0.0, jobs=samples[-1].jobs, jitter=jitter,
+                        trend_streak=streak)
+    verdict = evaluate(samples, facts, policy, now)
+    return verdict.action, verdict.reason
+
+
+def test_flat_is_kept() -> None:
+    assert decide(series(lambda i: BASE)) == (Action.KEEP, "")
+
+
+def test_noisy_flat_is_kept() -> None:
+    assert decide(series(lambda i: BASE, noise=20 * MB, seed=4))[0] is Action.KEEP
+
+
+def test_warmup_ramp_then_plateau_is_kept() -> None:
+    # Grows 5 MB per sample for 40 samples (TF allocating per shape), then flat: the window
+    # still holds the end of the ramp, but its second half is flat.
+    ramp = series(lambda i: BASE + 5 * MB * min(i, 40), n=70)
+    assert decide(ramp)[0] is Action.KEEP
+
+
+@pytest.mark.parametrize(("mb_per_1k_jobs", "expected"), [
+    (1000.0, Action.RECYCLE),  # the steady 1 MB/job climb
+    (100.0, Action.RECYCLE),
+    (25.0, Action.RECYCLE),
+    (5.0, Action.KEEP),  # under the 10 MiB per 1k jobs limit
+    (0.0, Action.KEEP),
+])
+def test_linear_leaks(mb_per_1k_jobs: float, expected: Action) -> None:
+    per_sample = mb_per_1k_jobs * MB * JOBS_PER_SAMPLE / 1000
+    action, reason = decide(series(lambda i: BASE + per_sample * i, noise=0.2 * MB))
+    assert action is expected
+    if expected is Action.RECYCLE:
+        assert reason == "growth_per_1k_jobs"
+
+
+@pytest.mark.parametrize("step_at", [10, 30, 45, 60, 75, 89])
+def test_one_step_is_not_a_leak(step_at: int) -> None:
+    # A one-off jump (a new shape's cache, a lazily loaded op) wherever it falls in the window.
+    samples = series(lambda i: BASE + (200 * MB if i >= step_at else 0), noise=0.5 * MB)
+    assert decide(samples)[0] is Action.KEEP
+
+
+def test_single_spike_is_not_a_leak() -> None:
+    samples = series(lambda i: BASE + (800 * MB if i == 70 else 0), noise=0.5 * MB)
+    assert decide(samples)[0] is Action.KEEP
+
+
+def decaying(total: float, tau: float) -> Callable[[int], float]:
+    return lambda i: BASE + total * (1 - math.exp(-i / tau))
+
+
+def test_decaying_growth_that_levels_off_under_max_memory_is_kept() -> None:
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 3000 * MB)
+    assert decide(series(decaying(2000 * MB, 60.0), n=60), policy)[0] is Action.KEEP
+
+
+def test_decaying_growth_that_would_cross_max_memory_is_recycled() -> None:
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 1500 * MB)
+    action, reason = decide(series(decaying(2000 * MB, 60.0), n=60), policy)
+    assert (action, reason) == (Action.RECYCLE, "growth_per_1k_jobs")
+
+
+def test_jobs_stalled_while_memory_rises_is_a_time_trend() -> None:
+    samples = series(lambda i: BASE + 1 * MB * i, jobs_per_sample=0)  # 3.5 GiB/hour, no jobs
+    assert decide(samples)[0] is Action.KEEP  # no per-hour limit set
+    policy = dataclasses.replace(POLICY, max_growth_per_hour=1024 * MB)
+    assert decide(samples, policy) == (Action.RECYCLE, "growth_per_hour")
+
+
+def test_slow_leak_beyond_the_horizon_is_left_alone() -> None:
+    # 20 MB per 1k jobs (over the limit) but max_memory is ~100 GB away: > 24 h at this rate.
+    policy = dataclasses.replace(POLICY, max_memory=100 * 1024 * MB)
+    per_sample = 20 * MB * JOBS_PER_SAMPLE / 1000
+    assert decide(series(lambda i: BASE + per_sample * i), policy)[0] is Action.KEEP
+    near = dataclasses.replace(POLICY, max_memory=BASE + 200 * MB)
+    assert decide(series(lambda i: BASE + per_sample * i), near)[0] is Action.RECYCLE
+
+
+def test_confirmations_need_consecutive_evaluations() -> None:
+    policy = dataclasses.replace(POLICY, trend_confirmations=3)
+    leak = series(lambda i: BASE + 1 * MB * i)
+    facts = WorkerFacts(started_at=0.0, jobs=leak[-1].jobs, jitter=0.0)
+    first = evaluate(leak, facts, policy, leak[-1].t)
+    assert first.action is Action.KEEP and first.trend_streak == 1
+    second = evaluate(leak, dataclasses.replace(facts, trend_streak=1), policy, leak[-1].t)
+    assert second.action is Action.KEEP and second.trend_streak == 2
+    third = evaluate(leak, dataclasses.replace(facts, trend_streak=2), policy, leak[-1].t)
+    assert third.action is Action.RECYCLE
+    flat = evaluate(series(lambda i: BASE), dataclasses.replace(facts, trend_streak=2), policy,
+                    89.0)
+    assert flat.trend_streak == 0
+
+
+def test_no_trend_judgement_before_warmup() -> None:
+    leak = series(lambda i: BASE + 5 * MB * i)
+    by_jobs = dataclasses.replace(POLICY, warmup_jobs=10_000)
+    assert decide(leak, by_jobs)[0] is Action.KEEP
+    by_time = dataclasses.replace(POLICY, warmup_seconds=3600)
+    assert decide(leak, by_time)[0] is Action.KEEP
+    # ... but half a window after warm-up, it is judged
+    partly = dataclasses.replace(POLICY, warmup_seconds=55)
+    assert decide(leak, partly)[0] is Action.RECYCLE
+
+
+def test_hard_limits_apply_during_warmup() -> None:
+    policy = dataclasses.replace(POLICY, warmup_seconds=3600, max_memory=BASE + 100 * MB,
+                                 kill_memory=BASE + 200 * MB)
+    assert decide(series(lambda i: BASE + 150 * MB), policy) == (Action.RECYCLE, "max_memory")
+    assert decide(series(lambda i: BASE + 250 * MB), policy) == (Action.KILL, "kill_memory")
+
+
+def test_vram_limits() -> None:
+    samples = [dataclasses.replace(s, vram=1000 * MB + s.jobs * MB) for s in series(lambda i: BASE)]
+    assert decide(samples, dataclasses.replace(POLICY, max_vram=500 * MB))[1] == "max_vram"
+    trend = dataclasses.replace(POLICY, max_vram_growth_per_1k_jobs=100 * MB)
+    assert decide(samples, trend) == (Action.RECYCLE, "vram_growth_per_1k_jobs")
+
+
+def test_lifetime_limits_with_jitter() -> None:
+    samples = series(lambda i: BASE, n=20)  # 190 jobs, 19 s old
+    assert decide(samples, dataclasses.replace(POLICY, max_jobs=200))[0] is Action.KEEP
+    assert decide(samples, dataclasses.replace(POLICY, max_jobs=200), jitter=0.1) == (
+        Action.RECYCLE, "max_jobs")
+    assert decide(samples, dataclasses.replace(POLICY, max_age=20.0))[0] is Action.KEEP
+    assert decide(samples, dataclasses.replace(POLICY, max_age=20.0), jitter=0.1)[1] == "max_age"
+
+
+def test_assessment_numbers() -> None:
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 1000 * MB)
+    leak = series(lambda i: BASE + 1 * MB * i)
+    facts = WorkerFacts(started_at=0.0, jobs=leak[-1].jobs, jitter=0.0)
+    a = evaluate(leak, facts, policy, 89.0).assessment
+    assert a.growth_per_1k_jobs == pytest.approx(100 * MB, rel=1e-6)  # 1 MB per 10 jobs
+    assert a.growth_per_hour == pytest.approx(3600 * MB, rel=1e-6)
+    assert a.seconds_to_limit == pytest.approx(1000 - 89, rel=1e-3)
+    assert a.baseline == BASE and a.window == 60
+
+
+def test_theil_sen_is_robust() -> None:
+    x = np.arange(20.0)
+    y = 2 * x
+    y[5] = 1000.0
+    assert theil_sen(x, y) == pytest.approx(2.0)
+    assert theil_sen(np.zeros(5), np.arange(5.0)) is None
+
+
+def test_pressure_victim_is_the_fastest_grower() -> None:
+    assert pressure_victim([]) is None
+    grow = Assessment(memory=100, growth_per_hour=5e6)
+    big = Assessment(memory=10**9, growth_per_hour=0.0)
+    assert pressure_victim([("a", big), ("b", grow)]) == "b"
+    assert pressure_victim([("a", big), ("c", Assessment(memory=10))]) == "a"
+
+
+# --- properties ---------------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(level=st.integers(100 * MB, 8000 * MB), noise=st.floats(0, 40 * MB),
+       spikes=st.lists(st.tuples(st.integers(0, 89), st.integers(-500 * MB, 2000 * MB)),
+                       max_size=3),
+       seed=st.integers(0, 2**16))
+def test_noise_and_spikes_on_a_flat_series_never_trigger(level: int, noise: float,
+                                                         spikes: list[tuple[int, int]],
+                                                         seed: int) -> None:
+    bumps = dict(spikes)
+    samples = series(lambda i: level + bumps.get(i, 0), noise=noise, seed=seed)
+    samples = [dataclasses.replace(s, memory=max(0, s.memory)) for s in samples]
+    policy = dataclasses.replace(POLICY, max_growth_per_hour=1024 * MB)
+    assert decide(samples, policy)[0] is Action.KEEP
+
+
+@settings(max_examples=150, deadline=None)
+@given(rate_mb=st.floats(0, 50), warmup_jobs=st.integers(0, 5000),
+       warmup_seconds=st.floats(0, 200), n=st.integers(1, 120))
+def test_never_recycled_before_warmup_without_a_hard_limit(rate_mb: float, warmup_jobs: int,
+                                                           warmup_seconds: float,
+                                                           n: int) -> None:
+    policy = dataclasses.replace(POLICY, warmup_jobs=warmup_jobs, warmup_seconds=warmup_seconds,
+                                 max_growth_per_hour=1 * MB)
+    samples = series(lambda i: BASE + rate_mb * MB * i, n=n)
+    action, _ = decide(samples, policy)
+    warmed = [s for s in samples if s.t >= warmup_seconds and s.jobs >= warmup_jobs]
+    if len(warmed) < 30:  # half the trend window
+        assert action is Action.KEEP
+
+
+@settings(max_examples=100, deadline=None)
+@given(mb_per_1k=st.floats(25, 2000), noise_fraction=st.floats(0, 0.5), seed=st.integers(0, 99))
+def test_steady_leaks_well_over_the_limit_are_caught(mb_per_1k: float, noise_fraction: float,
+                                                     seed: int) -> None:
+    per_sample = mb_per_1k * MB * JOBS_PER_SAMPLE / 1000
+    samples = series(lambda i: BASE + per_sample * i, noise=per_sample * noise_fraction, seed=seed)
+    assert decide(samples) == (Action.RECYCLE, "growth_per_1k_jobs")
