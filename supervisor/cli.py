@@ -112,21 +112,57 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recycle(args: argparse.Namespace) -> int:
+    from supervisor.client import JobError, control
+
+    config = _load(args.config)
+    try:
+        result = control(config.supervisor.control, "recycle", timeout=args.timeout,
+                         model=args.model, worker=args.worker)
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    scheduled = result["scheduled"]
+    print(f"recycling {', '.join(scheduled) or 'nothing'} (replacement first, then drain; "
+          "watch with `tfsupervisor status`)")
+    return 0
+
+
 def render_status(report: dict[str, Any]) -> str:
-    rows = [("MODEL", "WORKER", "PID", "STATE", "RSS", "JOBS", "AGE", "NOTE")]
+    rows = [("MODEL", "WORKER", "PID", "STATE", "MEMORY", "GROWTH/1K", "GROWTH/H", "TO LIMIT",
+             "VRAM", "JOBS", "AGE", "NOTE")]
     notes = []
     for name, model in sorted(report["models"].items()):
         for w in model["workers"]:
-            rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w["rss"]),
-                         str(w["jobs"]), format_duration(w["age"]), w.get("recycle_reason") or ""))
+            growth_1k = _signed(w.get("growth_per_1k_jobs"))
+            growth_h = _signed(w.get("growth_per_hour"))
+            note = w.get("recycle_reason") or ("" if w.get("warmed_up") else "warming up")
+            rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w.get("memory")),
+                         growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
+                         format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
+                         note))
         recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
         state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+        last = model.get("last_recycle")
+        last_text = f"; last: {last['reason']} ({last['worker']}, " \
+                    f"{format_duration(last['seconds_ago'])} ago)" if last else ""
+        paused = model.get("memory_recycles_paused") or 0
+        paused_text = f"; memory recycles paused {format_duration(paused)} (policy too " \
+                      "tight)" if paused else ""
         notes.append(f"{name}: {state}; queued {model['queued']}, in flight "
-                     f"{model['in_flight']}; recycles: {recycles}")
+                     f"{model['in_flight']}; {model['memory_metric']} limit "
+                     f"{format_size(model.get('max_memory'))}; recycles: {recycles}"
+                     f"{last_text}{paused_text}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
     return "\n".join([*lines, "", *notes])
+
+
+def _signed(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return ("+" if value >= 0 else "") + format_size(value)
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
@@ -176,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = add("status", cmd_status, "Show models and workers of a running supervisor.")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--timeout", type=float, default=5.0)
+    recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
+    recycle.add_argument("model")
+    recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")
+    recycle.add_argument("--timeout", type=float, default=10.0)
     demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
                config=False)
     demo.add_argument("path", nargs="?", default="models/demo")

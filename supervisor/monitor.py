@@ -32,6 +32,9 @@ MEMORY_REASONS = frozenset({"max_memory", "growth_per_1k_jobs", "growth_per_hour
 URGENCY = ["max_memory", "max_vram", "host_pressure", "growth_per_1k_jobs", "growth_per_hour",
            "vram_growth_per_1k_jobs", "manual", "max_jobs", "max_age"]
 MAX_CHURN_BACKOFF = 3600.0
+# Soft limits already crossed: the worker leaves rotation at once (its replacement starts at
+# the same time) rather than serving on, and growing, while a replacement warms up.
+OVER_LIMIT = frozenset({"max_memory", "max_vram"})
 
 
 @dataclass
@@ -143,9 +146,9 @@ class Monitor:
         self.manual.discard(worker.id)
         self._note_churn(worker, reason, now)
         policy = state.config.policy
-        log.info("worker_recycling", **self._event(worker, reason, verdict, now),
-                 surge=policy.surge)
-        if policy.surge:
+        surge = policy.surge and reason not in OVER_LIMIT
+        log.info("worker_recycling", **self._event(worker, reason, verdict, now), surge=surge)
+        if surge:
             worker.recycle_reason = reason  # serves on until its replacement is ready
         else:
             self.pool.begin_drain(worker, reason, now)

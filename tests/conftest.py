@@ -129,5 +129,19 @@ def supervisor_factory() -> Iterator[Callable[..., Supervisor]]:
         shutil.rmtree(sup.config_path.parent, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def models_dir() -> Iterator[Path]:
+    """The demo MLP as a SavedModel (through the CLI users run) and as a .keras file."""
+    pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
+    from worker import demo_model
+
+    path = short_tmpdir()
+    subprocess.run([sys.executable, "-m", "supervisor", "demo-model", str(path / "demo_sm")],
+                   check=True)
+    demo_model.build(seed=11).save(path / "demo.keras")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def echo_model(workers: int = 2, **options: Any) -> dict[str, Any]:
     return {"handler": "worker.handlers:echo", "workers": workers, "options": options}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,24 +14,10 @@ import numpy as np
 import pytest
 
 from supervisor.client import BadRequest
-from tests.conftest import Supervisor, short_tmpdir, start_supervisor
+from tests.conftest import Supervisor, start_supervisor
 
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
-
-
-@pytest.fixture(scope="module")
-def models_dir() -> Iterator[Path]:
-    from worker import demo_model
-
-    path = short_tmpdir()
-    # The SavedModel comes from the CLI command users run; the .keras file from the same
-    # builder, so both serve the design brief's MLP.
-    subprocess.run([sys.executable, "-m", "supervisor", "demo-model", str(path / "demo_sm")],
-                   check=True)
-    demo_model.build(seed=11).save(path / "demo.keras")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

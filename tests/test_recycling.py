@@ -1,0 +1,217 @@
+"""Memory-aware recycling end to end: real worker processes that leak, real load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from supervisor.client import Client, JobError
+from tests.conftest import Supervisor
+
+MB = 1024**2
+
+
+@dataclass
+class Load:
+    """Client threads submitting continuously; every outcome is recorded."""
+
+    sup: Supervisor
+    models: list[str]
+    threads: int = 4
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, model: str) -> None:
+        rng = np.random.default_rng()
+        with Client(self.sup.endpoint, timeout=60) as client:
+            while not self.stop.is_set():
+                value = float(rng.integers(1, 1000))
+                try:
+                    out = client.infer(model, {"x": np.full((1, 4), value, np.float32)})
+                    good = out["x"][0, 0] == value
+                    with self.lock:
+                        self.ok += int(good)
+                        if not good:
+                            self.failures.append("wrong answer")
+                except JobError as exc:
+                    with self.lock:
+                        self.failures.append(str(exc))
+
+    def __enter__(self) -> Load:
+        self.workers = [threading.Thread(target=self.run, args=(m,), daemon=True)
+                        for m in self.models for _ in range(self.threads)]
+        for t in self.workers:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.workers:
+            t.join(90)
+
+
+class MemoryWatch(threading.Thread):
+    """Samples every worker's RSS from outside, far more often than the supervisor polls."""
+
+    def __init__(self, sup: Supervisor, model: str) -> None:
+        super().__init__(daemon=True)
+        self.sup, self.model = sup, model
+        self.peak: dict[int, int] = {}
+        self.min_ready: int | None = None
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                workers = self.sup.workers(self.model)
+            except JobError:
+                continue
+            ready = sum(w["state"] == "ready" for w in workers)
+            self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
+            for w in workers:
+                try:
+                    rss = psutil.Process(w["pid"]).memory_info().rss
+                except psutil.Error:
+                    continue
+                self.peak[w["pid"]] = max(self.peak.get(w["pid"], 0), rss)
+            time.sleep(0.02)
+
+    def __enter__(self) -> MemoryWatch:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.halt.set()
+        self.join(5)
+
+
+LEAK_PER_JOB = 256 * 1024
+JOB_DELAY = 0.01  # at most ~100 jobs/s per worker: ~25 MB/s of growth
+MAX_MEMORY = 120 * MB  # a fresh handler worker uses about 50 MB
+POLL = 0.2
+
+
+def leaky_config(trend: bool = True) -> dict[str, Any]:
+    policy = {"warmup_jobs": 20, "warmup_seconds": "0.5s", "trend_window": 20,
+              "trend_confirmations": 2, "max_growth_per_1k_jobs": "50MiB" if trend else None,
+              "max_growth_per_hour": None, "max_memory": MAX_MEMORY, "min_lifetime": "1s",
+              "drain_timeout": "10s"}
+    return {"supervisor": {"poll_interval": f"{POLL}s"}, "models": {
+        "leaky": {"handler": "worker.handlers:leak", "workers": 2,
+                  "options": {"bytes_per_job": LEAK_PER_JOB, "delay": JOB_DELAY},
+                  "policy": policy},
+        "steady": {"handler": "worker.handlers:echo", "workers": 2,
+                   "options": {"delay": JOB_DELAY}, "policy": policy},
+    }}
+
+
+@pytest.mark.parametrize("trend", [True, False], ids=["by-trend", "by-max-memory"])
+def test_leaky_pool_is_recycled_and_steady_pool_left_alone(supervisor_factory: Any,
+                                                           trend: bool) -> None:
+    sup = supervisor_factory(leaky_config(trend))
+    with MemoryWatch(sup, "leaky") as watch, Load(sup, ["leaky", "steady"], threads=3) as load:
+        sup.wait_for(lambda s: sum(s["models"]["leaky"]["recycles"].values()) >= 3, 90,
+                     "three recycles of the leaky pool")
+    status = sup.status()
+    leaky, steady = status["models"]["leaky"], status["models"]["steady"]
+    assert load.failures == [], load.failures[:5]
+    assert load.ok > 500
+    assert steady["recycles"] == {}, steady["recycles"]
+    # With a trend limit the leak is caught early (the soft limit is a backstop); without
+    # one, max_memory recycles it, and no worker is ever seen above it by more than one
+    # poll's growth (two jobs' worth of slack for the ones in hand).
+    reason = "growth_per_1k_jobs" if trend else "max_memory"
+    assert leaky["recycles"].get(reason, 0) >= 3, leaky["recycles"]
+    growth_per_poll = (1 / JOB_DELAY) * POLL * LEAK_PER_JOB + 2 * LEAK_PER_JOB
+    assert max(watch.peak.values()) <= MAX_MEMORY + growth_per_poll, watch.peak
+    if not trend:
+        assert max(watch.peak.values()) > MAX_MEMORY - 20 * MB  # the bound was tested
+    log = sup.log()
+    assert '"event": "worker_recycling"' in log and f'"{reason}"' in log
+
+
+def test_surge_keeps_the_pool_full_during_recycles(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 2, "options": {"delay": 0.005},
+        "policy": {"max_jobs": 150, "jitter": 0.2}}}})
+    with MemoryWatch(sup, "m") as watch, Load(sup, ["m"], threads=2) as load:
+        sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("max_jobs", 0) >= 3, 60,
+                     "three max_jobs recycles")
+    assert load.failures == []
+    assert watch.min_ready is not None and watch.min_ready >= 2, watch.min_ready
+
+
+def test_without_surge_the_old_worker_drains_first(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 1, "options": {"delay": 0.005},
+        "policy": {"max_jobs": 100, "jitter": 0.0, "surge": False}}}})
+    with MemoryWatch(sup, "m") as watch, Load(sup, ["m"], threads=2) as load:
+        sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("max_jobs", 0) >= 2, 60,
+                     "two max_jobs recycles")
+    assert load.failures == []  # jobs wait in the queue while no worker is ready
+    assert watch.min_ready == 0
+
+
+def test_kill_memory_kills_at_once_and_loses_nothing(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
+        "handler": "worker.handlers:leak", "workers": 2,
+        "options": {"bytes_per_job": 2 * MB, "delay": 0.01},
+        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "max_attempts": 1}}}})
+    with Load(sup, ["m"], threads=3) as load:
+        sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("kill_memory", 0) >= 2, 60,
+                     "two kill_memory kills")
+    # max_attempts 1: had a killed worker's jobs counted as tries, they would have failed.
+    assert load.failures == []
+    assert '"event": "worker_killed"' in sup.log()
+
+
+def test_manual_recycle_from_the_cli(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": {"handler": "worker.handlers:echo",
+                                               "workers": 2}}})
+    first = sup.workers("m")[0]
+    cli = [sys.executable, "-m", "supervisor", "recycle", "-c", str(sup.config_path), "m",
+           "--worker", first["id"]]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert first["id"] in out.stdout
+    status = sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("manual") == 1 and
+                          first["id"] not in {w["id"] for w in s["models"]["m"]["workers"]},
+                          30, "manual recycle done")
+    assert sum(w["state"] == "ready" for w in status["models"]["m"]["workers"]) == 2
+    bad = subprocess.run(cli[:-2] + ["--worker", "m-99"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2 and "no live worker 'm-99'" in bad.stderr
+
+
+def test_policy_too_tight_backs_off_instead_of_churning(supervisor_factory: Any) -> None:
+    # max_memory under what a fresh worker already uses: recycling cannot help.
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 1,
+        "policy": {"max_memory": "10MiB", "min_lifetime": "60s"}}}})
+    time.sleep(4)
+    status = sup.status()["models"]["m"]
+    assert status["recycles"].get("max_memory", 0) <= 1, status["recycles"]
+    assert status["memory_recycles_paused"] > 0
+    assert '"event": "policy_too_tight"' in sup.log()
+
+
+def test_status_table_shows_trend_columns(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": {"handler": "worker.handlers:echo"}}})
+    out = subprocess.run([sys.executable, "-m", "supervisor", "status", "-c",
+                          str(sup.config_path)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.splitlines()[0].split()
+    assert header[:5] == ["MODEL", "WORKER", "PID", "STATE", "MEMORY"]
+    assert {"GROWTH/1K", "GROWTH/H", "VRAM", "JOBS", "AGE"} <= set(header)
+    assert "recycles: none" in out.stdout
