@@ -189,7 +189,7 @@ def test_manual_recycle_from_the_cli(supervisor_factory: Any) -> None:
                           first["id"] not in {w["id"] for w in s["models"]["m"]["workers"]},
                           30, "manual recycle done")
     assert sum(w["state"] == "ready" for w in status["models"]["m"]["workers"]) == 2
-    bad = subprocess.run(cli[:-2] + ["--worker", "m-99"], capture_output=True, text=True,
+    bad = subprocess.run([*cli[:-2], "--worker", "m-99"], capture_output=True, text=True,
                          timeout=30)
     assert bad.returncode == 2 and "no live worker 'm-99'" in bad.stderr
 
