@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.config import Config, config_schema, load_config
+from supervisor.config import Config, config_reference, config_schema, load_config
 from supervisor.settings import ConfigErrors
 from supervisor.units import format_duration, format_size
 
@@ -128,6 +128,20 @@ def cmd_recycle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    from supervisor.client import JobError, control
+
+    config = _load(args.config)  # refuse a broken file here, before the daemon sees it
+    try:
+        result = control(config.supervisor.control, "reload", timeout=args.timeout)
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
+                          or "no changes"))
+    return 0
+
+
 def render_status(report: dict[str, Any]) -> str:
     rows = [("MODEL", "WORKER", "PID", "STATE", "MEMORY", "GROWTH/1K", "GROWTH/H", "TO LIMIT",
              "VRAM", "JOBS", "AGE", "NOTE")]
@@ -178,7 +192,10 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(config_schema(), indent=2))
+    if args.markdown:
+        print(config_reference())
+    else:
+        print(json.dumps(config_schema(), indent=2))
     return 0
 
 
@@ -216,11 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     recycle.add_argument("model")
     recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")
     recycle.add_argument("--timeout", type=float, default=10.0)
+    reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
+                 "for the outcome (exit 1 if it was rejected).")
+    reload.add_argument("--timeout", type=float, default=30.0)
     demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
                config=False)
     demo.add_argument("path", nargs="?", default="models/demo")
     demo.add_argument("--force", action="store_true")
-    add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
+    schema = add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the configuration reference (docs/configuration.md)")
     return parser
 
 

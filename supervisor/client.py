@@ -104,6 +104,12 @@ def error_from(header: Mapping[str, Any]) -> JobError:
     return ERRORS.get(code, JobError)(message, code)
 
 
+def _reply_wait(timeout: float) -> float:
+    """How long to wait for a reply to a job sent with ``timeout``: a little longer, so the
+    supervisor's own verdict (deadline_exceeded, say) arrives rather than a bare NoReply."""
+    return timeout + 0.1 + 0.1 * timeout
+
+
 def _endpoints(endpoint: str | Sequence[str]) -> list[str]:
     return [endpoint] if isinstance(endpoint, str) else list(endpoint)
 
@@ -169,7 +175,7 @@ class Client:
               timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run one job; returns the model's outputs or raises a JobError subclass."""
         timeout = self.timeout if timeout is None else timeout
-        return _outcome(self._call(_request(model, inputs, timeout), timeout))
+        return _outcome(self._call(_request(model, inputs, timeout), _reply_wait(timeout)))
 
     def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
@@ -237,7 +243,8 @@ class AsyncClient:
     async def infer(self, model: str, inputs: Mapping[str, Any],
                     timeout: float | None = None) -> dict[str, np.ndarray]:
         timeout = self.timeout if timeout is None else timeout
-        return _outcome(await self._call(_request(model, inputs, timeout), timeout))
+        return _outcome(await self._call(_request(model, inputs, timeout),
+                                         _reply_wait(timeout)))
 
     async def models(self, timeout: float | None = None) -> dict[str, Any]:
         reply = await self._call(Message(MODELS, uuid.uuid4().bytes), timeout or self.timeout)

@@ -25,6 +25,7 @@ from supervisor.settings import (
     Section,
     Size,
     Str,
+    describe,
     parse_section,
     section_schema,
     setting,
@@ -328,3 +329,28 @@ def config_schema() -> dict[str, Any]:
     top["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     top["title"] = "tfsupervisor config.yaml"
     return top
+
+
+def config_reference() -> str:
+    """docs/configuration.md, generated from the declarations above (a test keeps it so)."""
+    sections = [("supervisor", SupervisorSection, "The daemon itself."),
+                ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
+                 "`keras`, `handler`. Relative paths are relative to the config file."),
+                ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
+                ("models.NAME.policy", PolicyConfig, "When a worker must go. Any key may also "
+                 "be set under `defaults.policy`, which applies to every model and is "
+                 "overridden by the model's own `policy`. See docs/policy.md.")]
+    lines = ["# Configuration reference", "",
+             "Generated from the settings' declarations (`tfsupervisor schema --markdown`); "
+             "`tfsupervisor schema` prints the same as JSON Schema for editors.", "",
+             "Sizes take bytes or units (`512MiB`, `2GB`); durations take seconds or units "
+             "(`250ms`, `30s`, `5m`, `24h`, `2d`). `null` turns an optional limit off.", ""]
+    for prefix, cls, text in sections:
+        lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
+                  "|---|---|---|---|"]
+        for key, expected, default, help_text in describe(cls):
+            if key in ("tf", "policy"):
+                continue
+            lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
+        lines.append("")
+    return "\n".join(lines)

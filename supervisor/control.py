@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.frontend import specs_to_wire
@@ -12,8 +13,10 @@ from supervisor.sampling import read_memory
 
 
 class Controller:
-    def __init__(self, pool: Pool, router: Router, monitor: Monitor) -> None:
+    def __init__(self, pool: Pool, router: Router, monitor: Monitor,
+                 reload: Callable[[], dict[str, Any]]) -> None:
         self.pool, self.router, self.monitor = pool, router, monitor
+        self.reload = reload
 
     def handle(self, header: dict[str, Any], now: float) -> dict[str, Any]:
         command = header.get("command")
@@ -21,7 +24,10 @@ class Controller:
             return {"ok": True, "result": self.status(now)}
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
-        return {"ok": False, "error": f"unknown command {command!r}; known: status, recycle"}
+        if command == "reload":
+            return self.reload()
+        return {"ok": False, "error": f"unknown command {command!r}; known: status, recycle, "
+                "reload"}
 
     def recycle(self, model: object, worker: object) -> dict[str, Any]:
         if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):

@@ -17,7 +17,8 @@ from typing import Any
 import zmq
 
 from supervisor import logs
-from supervisor.config import Config
+from supervisor import reload as reloading
+from supervisor.config import Config, load_config
 from supervisor.control import Controller
 from supervisor.exitcodes import describe_exit
 from supervisor.frontend import Refusal, admit, specs_to_wire
@@ -33,6 +34,7 @@ from supervisor.protocol import (
     READY,
     RESULT,
     SHUTTING_DOWN,
+    TIMEOUT,
     UNAVAILABLE,
     Frame,
     Message,
@@ -43,6 +45,7 @@ from supervisor.protocol import (
     split_envelope,
 )
 from supervisor.router import Job, Router
+from supervisor.settings import ConfigErrors
 
 log = logs.get("daemon")
 
@@ -94,7 +97,7 @@ class Daemon:
         self.router = Router(config.supervisor.max_queue, reply=self._reply,
                              send_job=self._send_job)
         self.monitor = Monitor(self.pool, self.router, config.supervisor)
-        self.controller = Controller(self.pool, self.router, self.monitor)
+        self.controller = Controller(self.pool, self.router, self.monitor, self.reload)
         self.signals = SignalInbox()
         self.next_job_id = 1
         self.shutdown_started: float | None = None
@@ -169,6 +172,7 @@ class Daemon:
         self.pool.maintain(now)
         self.monitor.tick(now)
         self._drain_progress(now)
+        self._enforce_job_timeouts(now)
         self._fail_unavailable()
         self.router.expire(now)
         for model in self.pool.models:
@@ -318,6 +322,23 @@ class Daemon:
             elif not held:
                 self.pool.stop(worker, now, worker.recycle_reason or "drained")
 
+    def _enforce_job_timeouts(self, now: float) -> None:
+        """A job past policy.job_timeout: answered 'timeout', its worker killed (TF cannot be
+        interrupted safely), the worker's other jobs requeued when it is reaped."""
+        for job in self.router.overdue(now, self._job_timeouts()):
+            worker = self.pool.workers.get(job.worker or "")
+            timeout = self.pool.models[job.model].config.policy.job_timeout
+            self.router.fail(job, TIMEOUT, f"the job ran longer than job_timeout "
+                             f"({timeout:g}s); its worker was killed")
+            if worker is not None:
+                log.warning("job_timeout", model=job.model, worker=worker.id, pid=worker.pid,
+                            seconds=round(now - (job.dispatched_at or now), 2))
+                self.pool.kill(worker, "job_timeout")
+
+    def _job_timeouts(self) -> dict[str, float]:
+        return {name: state.config.policy.job_timeout for name, state in self.pool.models.items()
+                if state.config.policy.job_timeout is not None}
+
     def _fail_unavailable(self) -> None:
         for name, state in self.pool.models.items():
             if state.unavailable and self.router.queued(name) and not self.pool.ready(name):
@@ -342,8 +363,43 @@ class Daemon:
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self._begin_shutdown(signum)
             elif signum == signal.SIGHUP:
-                log.warning("reload_not_supported", hint="restart the service to apply "
-                            "config changes")
+                self.reload()
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply it in place; an invalid file changes nothing."""
+        if self.config.path is None:
+            return {"ok": False, "error": "this supervisor was not started from a file"}
+        try:
+            new = load_config(self.config.path)
+        except ConfigErrors as errors:
+            messages = [str(e) for e in errors.errors]
+            log.error("config_rejected", path=str(self.config.path), errors=messages)
+            return {"ok": False, "error": "config rejected, running config kept:\n" +
+                    "\n".join(messages)}
+        changes = reloading.plan(self.config, new)
+        self._apply_config(reloading.effective(self.config, new), changes)
+        log.info("config_reloaded", path=str(self.config.path), **changes.summary())
+        if changes.restart_required:
+            log.warning("restart_required", settings=changes.restart_required,
+                        hint="these settings bind sockets; they take effect on restart")
+        return {"ok": True, "result": changes.summary()}
+
+    def _apply_config(self, config: Config, changes: reloading.ReloadPlan) -> None:
+        self.config = self.pool.config = config
+        self.router.max_queue = config.supervisor.max_queue
+        self.monitor.settings = config.supervisor
+        for name in changes.added:
+            if name in self.pool.models:  # removed earlier, still draining: renew it
+                changes.replaced.append(name)
+            else:
+                self.pool.add_model(name, config.models[name])
+        for name in changes.updated + changes.replaced:
+            state = self.pool.models[name]
+            state.config, state.removed = config.models[name], False
+        for name in changes.replaced:
+            self.monitor.request(name, None, "reload")
+        for name in changes.removed:
+            self.pool.models[name].removed = True
 
     def _begin_shutdown(self, signum: int) -> None:
         now = self.clock()

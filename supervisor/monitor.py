@@ -30,8 +30,11 @@ MEMORY_REASONS = frozenset({"max_memory", "growth_per_1k_jobs", "growth_per_hour
                             "vram_growth_per_1k_jobs", "kill_memory"})
 # Most urgent first when several workers of a model want to go and only K may.
 URGENCY = ["max_memory", "max_vram", "host_pressure", "growth_per_1k_jobs", "growth_per_hour",
-           "vram_growth_per_1k_jobs", "manual", "max_jobs", "max_age"]
+           "vram_growth_per_1k_jobs", "manual", "reload", "max_jobs", "max_age"]
 MAX_CHURN_BACKOFF = 3600.0
+# Young memory recycles in a row before the policy is called too tight: one can be a fast
+# leak caught early; two in a row means recycling is not buying time.
+CHURN_LIMIT = 2
 # Soft limits already crossed: the worker leaves rotation at once (its replacement starts at
 # the same time) rather than serving on, and growing, while a replacement warms up.
 OVER_LIMIT = frozenset({"max_memory", "max_vram"})
@@ -56,7 +59,7 @@ class Monitor:
         self.vram = vram or VramReader()
         self.host_available = host_available
         self.next_poll = 0.0
-        self.manual: set[str] = set()  # worker ids an operator asked to recycle
+        self.requested: dict[str, str] = {}  # worker id -> reason (manual, reload)
 
     # --- sampling ------------------------------------------------------------------------
 
@@ -65,6 +68,8 @@ class Monitor:
         policy = self.pool.models[worker.model].config.policy
         last = worker.history.last()
         if last is not None and policy.max_memory is not None and last.memory >= policy.max_memory:
+            state = self.pool.models[worker.model]
+            state.churn = max(state.churn + 1, CHURN_LIMIT)  # recycling cannot help at all
             self._too_tight(worker, "max_memory", now,
                             f"a fresh worker already uses {last.memory} bytes after warm-up, "
                             f"over max_memory {policy.max_memory}")
@@ -84,7 +89,7 @@ class Monitor:
         self.next_poll = now + self.settings.poll_interval
         live = [w for w in self.pool.workers.values() if w.state is not State.GONE]
         self.sample(live, now)
-        self.manual &= set(self.pool.workers)
+        self.requested = {k: v for k, v in self.requested.items() if k in self.pool.workers}
         for state in self.pool.models.values():
             self._judge(state, now)
         self._host_pressure(now)
@@ -105,8 +110,8 @@ class Monitor:
                 self.kill(worker, verdict, now)
             elif verdict.action is Action.RECYCLE:
                 candidates.append(Candidate(worker, verdict.reason, verdict))
-            elif worker.id in self.manual:
-                candidates.append(Candidate(worker, "manual", verdict))
+            elif worker.id in self.requested:
+                candidates.append(Candidate(worker, self.requested[worker.id], verdict))
         if now < state.recycle_backoff_until:
             candidates = [c for c in candidates if c.reason not in MEMORY_REASONS]
         candidates.sort(key=lambda c: URGENCY.index(c.reason) if c.reason in URGENCY else 99)
@@ -143,7 +148,7 @@ class Monitor:
                       now: float) -> None:
         state = self.pool.models[worker.model]
         self.pool.count_recycle(worker, reason, now)
-        self.manual.discard(worker.id)
+        self.requested.pop(worker.id, None)
         self._note_churn(worker, reason, now)
         policy = state.config.policy
         surge = policy.surge and reason not in OVER_LIMIT
@@ -160,8 +165,11 @@ class Monitor:
         self.pool.kill(worker, verdict.reason)
 
     def advance(self, now: float) -> None:
-        """Surge: drain a leaving worker once a fresh one has taken its place."""
-        for name, state in self.pool.models.items():
+        """Surge: drain a leaving worker once a fresh one has taken its place. Removed
+        models: once their queue is empty, drain everything, then forget the model."""
+        for name, state in list(self.pool.models.items()):
+            if state.removed and self._retire_removed(state, now):
+                continue
             ready = self.pool.ready(name)
             leaving = [w for w in ready if w.leaving]
             if not leaving:
@@ -172,9 +180,26 @@ class Monitor:
             for worker in leaving[:max(0, surplus)]:
                 self.pool.begin_drain(worker, worker.recycle_reason or "recycle", now)
 
-    def request(self, model: str, worker_id: str | None) -> list[str]:
-        """Queue a manual recycle (graceful, like any other); returns the worker ids."""
-        if model not in self.pool.models:
+    def _retire_removed(self, state: ModelState, now: float) -> bool:
+        """True once the removed model is gone altogether."""
+        if self.router.queued(state.name):
+            return False  # its queued jobs are served first
+        workers = list(self.pool.of_model(state.name))
+        if not workers:
+            del self.pool.models[state.name]
+            self.router.queues.pop(state.name, None)
+            log.info("model_removed", model=state.name)
+            return True
+        for worker in workers:
+            if worker.state is State.STARTING:
+                self.pool.stop(worker, now, "removed")
+            elif worker.state is State.READY and not worker.leaving:
+                worker.recycle_reason = "removed"
+        return False
+
+    def request(self, model: str, worker_id: str | None, reason: str = "manual") -> list[str]:
+        """Queue a graceful recycle (manual, or for a reload); returns the worker ids."""
+        if model not in self.pool.models or self.pool.models[model].removed:
             raise KeyError(f"no model named '{model}'")
         targets = [w for w in self.pool.of_model(model)
                    if w.state in (State.STARTING, State.READY) and not w.leaving]
@@ -182,7 +207,7 @@ class Monitor:
             targets = [w for w in targets if w.id == worker_id]
             if not targets:
                 raise KeyError(f"model '{model}' has no live worker '{worker_id}'")
-        self.manual.update(w.id for w in targets)
+        self.requested.update((w.id, reason) for w in targets)
         return [w.id for w in targets]
 
     # --- bookkeeping ---------------------------------------------------------------------
@@ -196,14 +221,17 @@ class Monitor:
         if age >= policy.min_lifetime:
             state.churn = 0
             return
-        self._too_tight(worker, reason, now, f"recycled for {reason} after only {age:.0f}s "
-                        f"(policy.min_lifetime {policy.min_lifetime:.0f}s)")
+        state.churn += 1
+        if state.churn >= CHURN_LIMIT:
+            self._too_tight(worker, reason, now, f"{state.churn} workers in a row recycled "
+                            f"for memory younger than policy.min_lifetime "
+                            f"({policy.min_lifetime:.0f}s); this one after {age:.0f}s")
 
     def _too_tight(self, worker: WorkerHandle, reason: str, now: float, detail: str) -> None:
         state = self.pool.models[worker.model]
         policy = state.config.policy
-        state.churn += 1
-        backoff = min(MAX_CHURN_BACKOFF, policy.min_lifetime * 2 ** (state.churn - 1))
+        backoff = min(MAX_CHURN_BACKOFF,
+                      policy.min_lifetime * 2 ** (state.churn - CHURN_LIMIT))
         state.recycle_backoff_until = now + backoff
         log.error("policy_too_tight", model=worker.model, worker=worker.id, reason=reason,
                   detail=detail, baseline=worker.assessment.baseline or _first(worker),

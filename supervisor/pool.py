@@ -259,6 +259,8 @@ class Pool:
                 continue  # probe a failing model with one worker at a time
             for _ in range(max(0, missing) if not state.failures else min(1, missing)):
                 spawned.append(self.spawn(state.name, now))
+        for state in self.models.values():
+            self._scale_down(state, now)
         sup = self.config.supervisor
         for worker in self.workers.values():
             if worker.state is State.STARTING and now - worker.started_at > sup.start_timeout:
@@ -274,6 +276,24 @@ class Pool:
                     now > worker.stop_deadline and not worker.killed_by_us:
                 self.kill(worker, worker.recycle_reason or "stop_timeout")
         return spawned
+
+    def _scale_down(self, state: ModelState, now: float) -> None:
+        """Fewer workers configured (a reload): stop starting ones first, then let the oldest
+        ready ones leave (drained by the monitor, never abruptly)."""
+        excess = self.serving_slots(state.name) - state.config.workers
+        if excess <= 0 or state.removed:
+            return
+        live = [w for w in self.of_model(state.name)
+                if w.state in (State.STARTING, State.READY) and not w.leaving]
+        live.sort(key=lambda w: (w.state is State.READY, w.started_at))
+        for worker in live[:excess]:
+            if worker.state is State.STARTING:
+                self.stop(worker, now, "scale_down")
+            else:
+                worker.recycle_reason = "scale_down"
+
+    def add_model(self, name: str, config: ModelConfig) -> None:
+        self.models[name] = ModelState(name, config)
 
     def count_recycle(self, worker: WorkerHandle, reason: str, now: float) -> None:
         state = self.models[worker.model]

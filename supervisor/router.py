@@ -147,6 +147,13 @@ class Router:
                 requeued += 1
         return requeued, failed
 
+    def overdue(self, now: float, timeouts: dict[str, float]) -> list[Job]:
+        """In-flight jobs that have run longer than their model's job timeout."""
+        if not timeouts:
+            return []
+        return [j for j in self.inflight.values() if j.model in timeouts and
+                j.dispatched_at is not None and now - j.dispatched_at > timeouts[j.model]]
+
     def expire(self, now: float) -> None:
         """Answer queued jobs whose deadline has passed (queues are short; a scan is fine)."""
         for queue in self.queues.values():

@@ -355,8 +355,7 @@ def describe(cls: type[Any], prefix: str = "") -> list[tuple[str, str, str, str]
         kind: Kind = field.metadata["kind"]
         key = _join(prefix, field.name)
         if isinstance(kind, Section):
-            rows.extend(describe(kind.cls, key))
-            continue
+            continue  # nested sections get their own table
         default = _default_of(field)
         shown = "null" if default is None else repr(default)
         rows.append((key, kind.expected, shown, field.metadata["help"]))

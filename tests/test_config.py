@@ -165,3 +165,11 @@ def test_schema_command_prints_json() -> None:
     assert out.returncode == 0
     assert "max_growth_per_1k_jobs" in json.loads(out.stdout)["properties"]["defaults"][
         "properties"]["policy"]["properties"]
+
+
+def test_configuration_reference_is_current() -> None:
+    from supervisor.config import config_reference
+
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    assert doc.strip() == config_reference().strip(), \
+        "regenerate: tfsupervisor schema --markdown > docs/configuration.md"
