@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         report = control(config.supervisor.control, "status", timeout=args.timeout)
     except JobError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if not args.ready:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.ready:  # a readiness probe: the exit code is the answer
+        return 0 if report.get("serving") else 1
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(render_status(report))
     return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from supervisor.client import JobError, control
+
+    config = _load(args.config)
+    try:
+        while True:
+            try:
+                report = control(config.supervisor.control, "status", timeout=args.interval + 5)
+                screen = render_status(report)
+            except JobError as exc:
+                screen = f"error: {exc}"
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {config.supervisor.control} — "
+                             f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_recycle(args: argparse.Namespace) -> int:
@@ -229,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = add("status", cmd_status, "Show models and workers of a running supervisor.")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument("--ready", action="store_true",
+                        help="print nothing; exit 0 only if the daemon is serving (probes)")
+    top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
     recycle.add_argument("model")
     recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")

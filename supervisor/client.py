@@ -130,10 +130,11 @@ def _outcome(msg: Message) -> dict[str, np.ndarray]:
     return unpack_arrays(msg.header.get("outputs"), msg.arrays)
 
 
-def _dealer(context: zmq.Context[Any], endpoints: list[str]) -> Any:
+def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = True) -> Any:
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)  # only queue to supervisors actually connected
+    if immediate:  # only queue to supervisors actually connected (must precede connect)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
     for endpoint in endpoints:
         sock.connect(endpoint)
     return sock
@@ -288,8 +289,7 @@ class AsyncClient:
 def control(endpoint: str, command: str, timeout: float = 10.0, **args: Any) -> Any:
     """Send one control command (status, recycle) and return its result; raises JobError."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    sock = _dealer(context, [endpoint])
-    sock.setsockopt(zmq.IMMEDIATE, 0)
+    sock = _dealer(context, [endpoint], immediate=False)
     try:
         sock.send_multipart(encode(Message(CONTROL, b"", {"command": command, **args})))
         if not sock.poll(int(timeout * 1000)):

@@ -176,6 +176,12 @@ class SupervisorSection:
     min_available_memory: int | None = setting(
         Optional(Size()), None, "Host pressure: below this much available memory, the "
         "fastest-growing worker is recycled, one at a time.")
+    metrics: str | None = setting(
+        Optional(Str()), None, "Prometheus /metrics listen address, e.g. 127.0.0.1:9464 "
+        "(off when null).")
+    ready_min_workers: int | None = setting(
+        Optional(Int(1)), None, "Ready workers each model needs before the daemon reports "
+        "ready (systemd READY=1, status --ready); null: all configured workers.")
     log_level: str = setting(
         Choice("debug", "info", "warning", "error"), "info", "Lowest log level written.")
 

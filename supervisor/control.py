@@ -14,9 +14,10 @@ from supervisor.sampling import read_memory
 
 class Controller:
     def __init__(self, pool: Pool, router: Router, monitor: Monitor,
-                 reload: Callable[[], dict[str, Any]]) -> None:
+                 reload: Callable[[], dict[str, Any]], serving: Callable[[], bool]) -> None:
         self.pool, self.router, self.monitor = pool, router, monitor
         self.reload = reload
+        self.serving = serving
 
     def handle(self, header: dict[str, Any], now: float) -> dict[str, Any]:
         command = header.get("command")
@@ -55,7 +56,7 @@ class Controller:
                 "last_error": state.last_error,
                 "inputs": specs_to_wire(state.inputs),
             }
-        return {"models": models}
+        return {"serving": self.serving(), "models": models}
 
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()

@@ -22,15 +22,19 @@ from supervisor.config import Config, load_config
 from supervisor.control import Controller
 from supervisor.exitcodes import describe_exit
 from supervisor.frontend import Refusal, admit, specs_to_wire
+from supervisor.metrics import Metrics
 from supervisor.monitor import Monitor
+from supervisor.notify import Notifier
 from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import (
+    BAD_REQUEST,
     CONTROL,
     ERROR,
     HEARTBEAT,
     INFER,
     JOB,
     MODELS,
+    OVERLOADED,
     READY,
     RESULT,
     SHUTTING_DOWN,
@@ -53,6 +57,8 @@ log = logs.get("daemon")
 BATCH_READS = 256
 # The loop wakes at least this often to reap, time out and dispatch.
 MAX_SLEEP = 0.1
+# While starting, say which workers are still warming up, this often (seconds).
+STARTUP_PROGRESS = 5.0
 
 
 class SignalInbox:
@@ -85,6 +91,34 @@ class SignalInbox:
         return taken
 
 
+class ErrorSummary:
+    """Job errors are counted, and logged as one summary a minute, never one line a job."""
+
+    PERIOD = 60.0
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self.since: float | None = None
+
+    def count(self, model: str, code: str, now: float) -> None:
+        self.counts[model, code] = self.counts.get((model, code), 0) + 1
+        if self.since is None:
+            self.since = now
+            self.flush(now, first=True)
+
+    def flush(self, now: float, first: bool = False) -> None:
+        """Log what was counted: at the first error, then at most once a period."""
+        if not self.counts or self.since is None:
+            return
+        if not first and now - self.since < self.PERIOD:
+            return
+        summary = {f"{m}/{c}": n for (m, c), n in sorted(self.counts.items())}
+        level = "warning" if any(c == OVERLOADED for _, c in self.counts) else "info"
+        getattr(log, level)("job_errors", counts=summary, seconds=round(now - self.since))
+        self.counts.clear()
+        self.since = now
+
+
 class Daemon:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -94,15 +128,22 @@ class Daemon:
         self.backend = self.context.socket(zmq.ROUTER)
         self.control = self.context.socket(zmq.ROUTER)
         self.pool = Pool(config, send=self._send_worker)
+        self.metrics = Metrics()
+        self.notifier = Notifier()
         self.router = Router(config.supervisor.max_queue, reply=self._reply,
-                             send_job=self._send_job)
+                             send_job=self._send_job, observe=self._observe)
         self.monitor = Monitor(self.pool, self.router, config.supervisor)
-        self.controller = Controller(self.pool, self.router, self.monitor, self.reload)
+        self.controller = Controller(self.pool, self.router, self.monitor, self.reload,
+                                     lambda: self.serving and self.shutdown_started is None)
         self.signals = SignalInbox()
         self.next_job_id = 1
         self.shutdown_started: float | None = None
         self.fast_exit = False
-        self.serving_logged = False
+        self.serving = False  # every model has its ready workers (READY=1 sent)
+        self.next_watchdog = 0.0
+        self.next_publish = 0.0
+        self.next_progress = clock() + STARTUP_PROGRESS
+        self.errors = ErrorSummary()
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -118,6 +159,8 @@ class Daemon:
             self._bind(self.frontend, endpoint)
         self._bind(self.backend, self.config.backend)
         self._bind(self.control, sup.control)
+        if sup.metrics:
+            self.metrics.serve(sup.metrics)
 
     @staticmethod
     def _bind(sock: zmq.Socket[bytes], endpoint: str) -> None:
@@ -178,7 +221,7 @@ class Daemon:
         for model in self.pool.models:
             ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
             self.router.dispatch(model, ready, now)
-        self._log_serving()
+        self._report(now)
         if self.shutdown_started is not None:
             self._shutdown_progress(now)
 
@@ -188,6 +231,9 @@ class Daemon:
         self.frontend.send_multipart([*job.envelope, *encode(msg)], copy=False)
 
     def _send_job(self, worker_id: str, job: Job) -> None:
+        if job.dispatched_at is not None:
+            self.metrics.queue_wait.labels(job.model).observe(job.dispatched_at - job.received_at)
+        self.metrics.batch_size.labels(job.model).observe(_rows(job))
         header = {"inputs": job.inputs}
         frames = encode(Message(JOB, str(job.id).encode(), header, job.arrays))
         self.backend.send_multipart([worker_id.encode(), *frames], copy=False)
@@ -203,17 +249,17 @@ class Daemon:
             msg = decode(body)
         except ProtocolError as exc:
             # Answer when we can tell a job id apart; a reply to garbage is harmless.
-            job_id = _job_id_of(body)
-            self._send_client(envelope, error_message(job_id, exc.code, str(exc)))
+            self._refuse(envelope, _job_id_of(body), exc.code, str(exc), None)
             return
+        model = msg.header.get("model")
         if msg.kind == MODELS:
             self._send_client(envelope, Message(MODELS, msg.job_id, self._models_header()))
         elif msg.kind != INFER:
-            self._send_client(envelope, error_message(
-                msg.job_id, "bad_request", f"clients may send infer or models, not {msg.kind!r}"))
+            self._refuse(envelope, msg.job_id, BAD_REQUEST,
+                         f"clients may send infer or models, not {msg.kind!r}", None)
         elif self.shutdown_started is not None:
-            self._send_client(envelope, error_message(
-                msg.job_id, SHUTTING_DOWN, "the supervisor is shutting down; retry elsewhere"))
+            self._refuse(envelope, msg.job_id, SHUTTING_DOWN,
+                         "the supervisor is shutting down; retry elsewhere", model)
         else:
             self._admit(envelope, msg)
 
@@ -222,7 +268,7 @@ class Daemon:
         try:
             job = admit(msg, envelope, self.pool.models, self.next_job_id, now)
         except Refusal as refusal:
-            self._send_client(envelope, error_message(msg.job_id, refusal.code, str(refusal)))
+            self._refuse(envelope, msg.job_id, refusal.code, str(refusal), msg.header.get("model"))
             return
         self.next_job_id += 1
         state = self.pool.models[job.model]
@@ -232,6 +278,16 @@ class Daemon:
         self.router.submit(job)
         self.router.dispatch(job.model, [(w.id, w.jobs) for w in self.pool.ready(job.model)],
                              now)
+
+    def _refuse(self, envelope: list[Frame], job_id: bytes, code: str, message: str,
+                model: object) -> None:
+        """An answer at the door, counted like any other (under a served model's name only:
+        names clients make up never become metric labels)."""
+        self._send_client(envelope, error_message(job_id, code, message))
+        served = isinstance(model, str) and model in self.pool.models
+        label = model if served and isinstance(model, str) else "-"
+        self.metrics.jobs.labels(label, code).inc()
+        self.errors.count(label, code, self.clock())
 
     def _send_client(self, envelope: list[Frame], msg: Message) -> None:
         self.frontend.send_multipart([*envelope, *encode(msg)], copy=False)
@@ -263,6 +319,10 @@ class Daemon:
         if msg.kind == READY:
             self.pool.mark_ready(worker.id, msg.header, now)
             self.monitor.on_ready(worker, now)
+            last = worker.history.last()
+            log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
+                     warmup_seconds=worker.warmup_seconds,
+                     baseline_memory=last.memory if last else None)
         elif msg.kind in (RESULT, ERROR) and msg.job_id:
             self._on_answer(worker, msg)
         elif msg.kind == ERROR:
@@ -349,12 +409,55 @@ class Daemon:
         return (f"model '{model}' has no worker able to serve: {state.last_error} "
                 f"({state.failures} failed start(s); retrying with back-off)")
 
-    def _log_serving(self) -> None:
-        if self.serving_logged:
-            return
-        if all(len(self.pool.ready(m)) >= s.config.workers for m, s in self.pool.models.items()):
-            self.serving_logged = True
+    def _report(self, now: float) -> None:
+        """Readiness, watchdog, STATUS= and metrics: what the outside sees of the loop."""
+        if self.notifier.watchdog_interval and now >= self.next_watchdog:
+            self.notifier.watchdog()  # from the main loop itself: a wedged loop stops pinging
+            self.next_watchdog = now + self.notifier.watchdog_interval
+        if not self.serving and self.shutdown_started is None and self.ready_enough():
+            self.serving = True
             log.info("serving", models={m: len(self.pool.ready(m)) for m in self.pool.models})
+            self.notifier.ready(self.summary(now))
+        elif not self.serving and now >= self.next_progress:
+            self.next_progress = now + STARTUP_PROGRESS
+            warming = {w.id: round(now - w.started_at) for w in self.pool.workers.values()
+                       if w.state is State.STARTING}
+            if warming:
+                log.info("warming_up", workers_seconds=warming)
+        self.errors.flush(now)
+        if now >= self.next_publish:
+            self.next_publish = now + min(1.0, self.config.supervisor.poll_interval)
+            self.notifier.status(self.summary(now))
+            self.metrics.publish(self.pool, self.router)
+
+    def ready_enough(self) -> bool:
+        wanted = self.config.supervisor.ready_min_workers
+        return all(len(self.pool.ready(m)) >= min(wanted or s.config.workers, s.config.workers)
+                   for m, s in self.pool.models.items() if not s.removed)
+
+    def summary(self, now: float) -> str:
+        """One line for systemd's STATUS=: per model ready/configured, warming, queued."""
+        parts = []
+        for name, state in self.pool.models.items():
+            warming = [w for w in self.pool.of_model(name) if w.state is State.STARTING]
+            text = f"{name} {len(self.pool.ready(name))}/{state.config.workers} ready"
+            if warming:
+                oldest = max(now - w.started_at for w in warming)
+                text += f", {len(warming)} warming ({oldest:.0f}s)"
+            if self.router.queued(name):
+                text += f", {self.router.queued(name)} queued"
+            if state.unavailable:
+                text += ", UNAVAILABLE"
+            parts.append(text)
+        prefix = "stopping: " if self.shutdown_started is not None else ""
+        return prefix + "; ".join(parts)
+
+    def _observe(self, job: Job, msg: Message) -> None:
+        outcome = "ok" if msg.kind == RESULT else str(msg.header.get("code", "error"))
+        self.metrics.jobs.labels(job.model, outcome).inc()
+        self.metrics.latency.labels(job.model).observe(self.clock() - job.received_at)
+        if outcome != "ok":
+            self.errors.count(job.model, outcome, self.clock())
 
     # --- signals and shutdown ------------------------------------------------------------
 
@@ -377,7 +480,9 @@ class Daemon:
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages)}
         changes = reloading.plan(self.config, new)
+        self.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         self._apply_config(reloading.effective(self.config, new), changes)
+        self.notifier.ready(self.summary(self.clock()))
         log.info("config_reloaded", path=str(self.config.path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
@@ -409,6 +514,7 @@ class Daemon:
             return
         self.shutdown_started = now
         self.pool.spawning = False
+        self.notifier.stopping()
         log.info("shutdown_started", signal=signal.Signals(signum).name,
                  pending_jobs=self.router.pending(),
                  timeout_seconds=self.config.supervisor.shutdown_timeout)
@@ -440,10 +546,17 @@ class Daemon:
         for sock in (self.frontend, self.backend, self.control):
             sock.close(linger=1000)
         self.context.term()
+        self.notifier.close()
         for endpoint in (*self.config.supervisor.endpoints, self.config.supervisor.control,
                          self.config.backend):
             if endpoint.startswith("ipc://"):
                 Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+
+def _rows(job: Job) -> int:
+    """Rows in a job: the first dimension of its first input (1 for scalars)."""
+    shape = job.inputs[0].get("shape") if job.inputs else None
+    return int(shape[0]) if isinstance(shape, list) and shape else 1
 
 
 def _job_id_of(body: list[Frame]) -> bytes:

@@ -172,9 +172,9 @@ class Pool:
             state.inputs = parse_specs(header["inputs"], allow_none=True)
         if header.get("outputs") is not None:
             state.outputs = parse_specs(header["outputs"], allow_none=True)
+        if state.unavailable:
+            log.info("model_available", model=worker.model)
         state.failures, state.last_error, state.backoff_until = 0, None, 0.0
-        log.info("worker_ready", model=worker.model, worker=worker_id, pid=worker.pid,
-                 warmup_seconds=worker.warmup_seconds)
         return worker
 
     def heartbeat(self, worker_id: str, header: dict[str, Any], now: float) -> None:
@@ -241,6 +241,8 @@ class Pool:
                 state.last_error = f"worker {worker.id} exited before ready: {describe_exit(code)}"
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay,
                       error=state.last_error)
+            if state.failures == 1 and not self.ready(worker.model):
+                log.error("model_unavailable", model=worker.model, error=state.last_error)
         elif worker.recycle_reason is None and code != WorkerExit.OK:
             log.warning("worker_died", **fields)
         else:

@@ -41,10 +41,12 @@ SendJobFn = Callable[[str, Job], None]
 
 
 class Router:
-    def __init__(self, max_queue: int, reply: ReplyFn, send_job: SendJobFn) -> None:
+    def __init__(self, max_queue: int, reply: ReplyFn, send_job: SendJobFn,
+                 observe: ReplyFn | None = None) -> None:
         self.max_queue = max_queue
         self._reply = reply
         self._send_job = send_job
+        self._observe = observe  # sees every answer: metrics
         self.queues: dict[str, deque[Job]] = {}
         self.inflight: dict[int, Job] = {}
 
@@ -68,6 +70,8 @@ class Router:
         """The one place a job leaves the system: removed, then replied to."""
         self.inflight.pop(job.id, None)
         self._reply(job, msg)
+        if self._observe is not None:
+            self._observe(job, msg)
 
     def fail(self, job: Job, code: str, message: str) -> None:
         self.answer(job, error_message(job.client_job_id, code, message))

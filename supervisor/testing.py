@@ -90,7 +90,8 @@ def short_tmpdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="tfs-", dir="/tmp"))
 
 
-def start_supervisor(config: dict[str, Any], workdir: Path | None = None) -> Supervisor:
+def start_supervisor(config: dict[str, Any], workdir: Path | None = None,
+                     env: dict[str, str] | None = None) -> Supervisor:
     workdir = workdir or short_tmpdir()
     runtime_dir = workdir / "run"
     config = dict(config)
@@ -105,5 +106,5 @@ def start_supervisor(config: dict[str, Any], workdir: Path | None = None) -> Sup
             [sys.executable, "-m", "supervisor", "run", "-c", str(config_path),
              "--log-format", "json"],
             stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     return Supervisor(process, config_path, runtime_dir, log_path)

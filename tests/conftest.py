@@ -20,8 +20,9 @@ __all__ = ["Supervisor", "echo_model", "short_tmpdir", "start_supervisor"]
 def supervisor_factory() -> Iterator[Callable[..., Supervisor]]:
     started: list[Supervisor] = []
 
-    def make(config: dict[str, Any], wait: bool = True) -> Supervisor:
-        sup = start_supervisor(config)
+    def make(config: dict[str, Any], wait: bool = True,
+             env: dict[str, str] | None = None) -> Supervisor:
+        sup = start_supervisor(config, env=env)
         started.append(sup)
         if wait:
             sup.wait_ready()

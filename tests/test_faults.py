@@ -261,7 +261,7 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
     """Clients submit continuously while workers are SIGKILLed at random, a recycle and a
     reload happen: every job gets exactly one reply, and none is lost."""
     sup = supervisor_factory({"models": {"m": {
-        "handler": "worker.handlers:echo", "workers": 3, "options": {"delay": 0.002},
+        "handler": "worker.handlers:echo", "workers": 3, "options": {"delay": 0.02},
         "policy": {"max_attempts": 5, "max_concurrent_recycles": 2}}}})
     stop = threading.Event()
     results: list[str] = []
@@ -293,8 +293,9 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
         for round_ in range(6):
             time.sleep(0.7)
             workers = [w for w in sup.workers("m") if w["state"] == "ready"]
-            if workers:
-                os.kill(random.choice(workers)["pid"], signal.SIGKILL)
+            busy = [w for w in workers if w["in_flight"]] or workers
+            if busy:
+                os.kill(random.choice(busy)["pid"], signal.SIGKILL)
             if round_ == 2:
                 import subprocess
                 import sys
@@ -302,7 +303,7 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
                                 str(sup.config_path), "m"], check=True, timeout=30)
             if round_ == 4:
                 m = yaml.safe_load(sup.config_path.read_text())["models"]["m"]
-                m["options"]["delay"] = 0.001
+                m["options"]["delay"] = 0.01
                 _write(sup, {"m": m})
                 os.kill(sup.process.pid, signal.SIGHUP)
         time.sleep(1.0)

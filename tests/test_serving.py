@@ -16,6 +16,8 @@ import numpy as np
 import psutil
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from supervisor.client import (
     AsyncClient,
@@ -199,30 +201,80 @@ def test_client_timeout_is_no_reply() -> None:
         client.infer("echo", x())
 
 
-def test_supervisor_memory_flat_under_garbage(echo_sup: Supervisor) -> None:
+def _valid_frames(value: float = 1.0) -> list[bytes]:
+    specs, frames = pack_arrays(x(1, value))
+    return [bytes(f) for f in encode(Message(INFER, b"ok", {"model": "echo", "inputs": specs},
+                                             frames))]
+
+
+def test_supervisor_memory_flat_under_100k_hostile_frames(echo_sup: Supervisor) -> None:
     proc = psutil.Process(echo_sup.process.pid)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(echo_sup.endpoint)
     rng = np.random.default_rng(3)
+    valid = _valid_frames()
 
-    def burst(n: int) -> None:
-        for _ in range(n):
-            sock.send_multipart([rng.bytes(int(rng.integers(0, 200)))
-                                 for _ in range(int(rng.integers(1, 6)))])
-        got = 0
-        while got < n and sock.poll(5000):
-            sock.recv_multipart()
-            got += 1
+    def hostile() -> list[bytes]:
+        kind = int(rng.integers(0, 3))
+        if kind == 0:  # random frames
+            return [rng.bytes(int(rng.integers(0, 200))) for _ in range(int(rng.integers(1, 6)))]
+        frames = list(valid)
+        if kind == 1:  # truncated: frames dropped from the end, or a frame cut short
+            cut = int(rng.integers(1, len(frames)))
+            frames = [*frames[:cut], frames[cut][:int(rng.integers(0, len(frames[cut]) + 1))]]
+        else:  # mutated: random bytes flipped in a random frame
+            i = int(rng.integers(0, len(frames)))
+            data = bytearray(frames[i] or b"\0")
+            data[int(rng.integers(0, len(data)))] ^= 0xFF
+            frames[i] = bytes(data)
+        return frames
 
-    burst(3000)
+    def burst(frame_count: int) -> tuple[int, int]:
+        sent = frames = got = 0
+        while frames < frame_count:
+            for _ in range(500):  # read in between: ZeroMQ drops replies past the peer's HWM
+                message = hostile()
+                sock.send_multipart(message)
+                sent, frames = sent + 1, frames + len(message)
+            while got < sent and sock.poll(5000):
+                sock.recv_multipart()
+                got += 1
+        return sent, got
+
+    burst(20_000)
     before = proc.memory_info().rss
-    burst(10000)
+    sent, replies = burst(100_000)
     after = proc.memory_info().rss
     sock.close()
+    assert replies == sent  # every message answered, the mutants that stayed valid included
     assert after - before < 5 * 1024 * 1024, (before, after)
     with echo_sup.client() as client:
+        assert client.infer("echo", x())["x"].shape == (2, 4)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_messages_get_one_reply_each(echo_sup: Supervisor, data: st.DataObject) -> None:
+    frames = data.draw(st.one_of(
+        st.lists(st.binary(max_size=100), min_size=1, max_size=6),
+        st.builds(lambda v, i, junk: [*v[:i], junk, *v[i + 1:]],
+                  st.just(_valid_frames()), st.integers(0, 4), st.binary(max_size=64))))
+    if (len(frames) >= 2 and frames[1] == b"") or not frames[0]:
+        frames = [b"x", *frames]  # keep the REQ-envelope shape out of this test
+    reply = _raw(echo_sup, frames, wait=5.0)
+    assert reply is not None
+    assert decode(reply).kind in (b"error", b"result")
+
+
+def test_oversized_messages_are_dropped_silently(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"supervisor": {"max_message_size": "1MiB"},
+                              "models": {"echo": echo_model(1)}})
+    with sup.client(timeout=2) as client:
+        with pytest.raises(NoReply):
+            client.infer("echo", {"x": np.zeros((100_000, 4), np.float32)})  # 1.6 MB
         assert client.infer("echo", x())["x"].shape == (2, 4)
 
 

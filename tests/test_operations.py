@@ -1,0 +1,194 @@
+"""Operations: the systemd unit, sd_notify over a real datagram socket, the watchdog, the CLI,
+Prometheus metrics scraped over HTTP, and JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.notify import Notifier
+from tests.conftest import echo_model
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "supervisor"]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                    reason="systemd-analyze is not installed (apt-get install systemd)")
+def test_unit_file_verifies_without_warnings(tmp_path: Path) -> None:
+    venv_cli = Path(sys.executable).parent / "tfsupervisor"
+    assert venv_cli.exists()
+    unit = (REPO / "systemd" / "tfsupervisor.service").read_text()
+    unit = unit.replace("/opt/tfsupervisor/bin/tfsupervisor", str(venv_cli))
+    path = tmp_path / "tfsupervisor.service"
+    path.write_text(unit)
+    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    ours = [line for line in (out.stdout + out.stderr).splitlines() if "tfsupervisor" in line]
+    assert out.returncode == 0 and ours == [], out.stdout + out.stderr
+    for key in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "ExecReload=",
+                "KillMode=mixed", "OOMPolicy=continue", "Restart=on-failure",
+                "RuntimeDirectory=", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                "CapabilityBoundingSet=\n"):
+        assert key in unit, key
+
+
+class NotifySocket:
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.2)
+        self.messages: list[tuple[float, str]] = []
+
+    def pump(self, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                data = self.sock.recv(4096).decode()
+            except TimeoutError:
+                continue
+            self.messages.append((time.monotonic(), data))
+
+    def wait_for(self, fragment: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(fragment in m for _, m in self.messages):
+                return
+            self.pump(time.monotonic() + 0.2)
+        raise AssertionError(f"no {fragment!r} in {self.messages[-5:]}")
+
+    def index(self, fragment: str) -> int:
+        return next(i for i, (_, m) in enumerate(self.messages) if fragment in m)
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_sd_notify_sequence_and_watchdog(supervisor_factory: Any, tmp_path: Path,
+                                         abstract: bool) -> None:
+    name = f"tfs-notify-{os.getpid()}-{time.monotonic_ns()}"
+    notify = NotifySocket("\0" + name if abstract else str(tmp_path / "notify.sock"))
+    env = {"NOTIFY_SOCKET": "@" + name if abstract else str(tmp_path / "notify.sock"),
+           "WATCHDOG_USEC": "400000"}  # ping every 0.2 s
+    sup = supervisor_factory({"models": {"m": echo_model(2)}}, wait=False, env=env)
+    notify.wait_for("READY=1")
+    ready_at = notify.index("READY=1")
+    assert sup.wait_ready(10)  # READY=1 came once the workers were ready
+    assert any("STATUS=" in m and "m 2/2 ready" in m for _, m in notify.messages)
+    notify.pump(time.monotonic() + 2.0)
+    pings = [t for t, m in notify.messages if m == "WATCHDOG=1"]
+    window = [t for t in pings if t > pings[-1] - 1.9]
+    assert 6 <= len(window) <= 14, len(window)  # ~5 per second
+    os.kill(sup.process.pid, signal.SIGHUP)
+    notify.wait_for("RELOADING=1")
+    reloading = next(m for _, m in notify.messages if "RELOADING=1" in m)
+    assert "MONOTONIC_USEC=" in reloading
+    assert int(reloading.split("MONOTONIC_USEC=")[1]) > 0
+    notify.pump(time.monotonic() + 0.5)
+    after_reload = [m for _, m in notify.messages[notify.index("RELOADING=1"):]]
+    assert any(m.startswith("READY=1") for m in after_reload)
+    sup.process.send_signal(signal.SIGTERM)
+    notify.wait_for("STOPPING=1")
+    assert sup.process.wait(30) == 0
+    assert ready_at < notify.index("RELOADING=1") < notify.index("STOPPING=1")
+
+
+def test_notifier_is_a_no_op_outside_systemd() -> None:
+    notifier = Notifier({})
+    assert not notifier.enabled and not notifier.ready() and notifier.watchdog_interval is None
+    assert Notifier({"WATCHDOG_USEC": "10", "WATCHDOG_PID": "1"}).watchdog_interval is None
+
+
+def test_status_ready_probe_and_version(supervisor_factory: Any, tmp_path: Path) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    config = str(sup.config_path)
+    assert subprocess.run([*CLI, "status", "-c", config, "--ready"], timeout=30).returncode == 0
+    sup.stop()
+    down = subprocess.run([*CLI, "status", "-c", config, "--ready", "--timeout", "1"],
+                          capture_output=True, text=True, timeout=30)
+    assert down.returncode != 0 and down.stdout == ""
+    version = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=30)
+    assert version.stdout.startswith("tfsupervisor ")
+
+
+def test_top_refreshes_until_interrupted(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    top = subprocess.Popen([*CLI, "top", "-c", str(sup.config_path), "--interval", "0.2"],
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    top.send_signal(signal.SIGINT)
+    out, _ = top.communicate(timeout=10)
+    assert top.returncode == 0
+    assert out.count("tfsupervisor top") >= 3
+    assert "m-1" in out and "GROWTH/1K" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_scraped_over_http(supervisor_factory: Any) -> None:
+    port = _free_port()
+    model = {**echo_model(2), "policy": {"warmup_jobs": 0, "warmup_seconds": 0,
+                                         "trend_window": 8}}
+    sup = supervisor_factory({"supervisor": {"metrics": f"127.0.0.1:{port}"},
+                              "models": {"m": model}})
+    with sup.client() as client:
+        for _ in range(20):
+            client.infer("m", {"x": np.zeros((3, 4), np.float32)})
+        with pytest.raises(Exception):  # noqa: B017 - any JobError will do
+            client.infer("m", {"x": np.zeros((3, 4), np.float64)})
+    time.sleep(2.0)  # enough polls for a trend, and a publish
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}
+    assert samples[("tfsupervisor_jobs_total", (("model", "m"), ("outcome", "ok")))] == 20
+    assert samples[("tfsupervisor_jobs_total",
+                    (("model", "m"), ("outcome", "bad_request")))] == 1
+    assert samples[("tfsupervisor_job_latency_seconds_count", (("model", "m"),))] == 20
+    assert samples[("tfsupervisor_batch_size_sum", (("model", "m"),))] == 60
+    assert samples[("tfsupervisor_workers", (("model", "m"), ("state", "ready")))] == 2
+    assert samples[("tfsupervisor_queue_depth", (("model", "m"),))] == 0
+    memory = [v for (n, _), v in samples.items() if n == "tfsupervisor_worker_memory_bytes"]
+    assert len(memory) == 2 and all(v > 10 * 1024**2 for v in memory)
+    assert "tfsupervisor_process_resident_memory_bytes" in text
+    for name in families:
+        assert name.startswith("tfsupervisor_"), name
+    assert "job_id" not in text
+    # Every series the Grafana dashboard queries exists (VRAM only on GPU hosts, recycle
+    # counts once there has been one: the family is declared all the same).
+    assert "tfsupervisor_recycles" in families
+    dashboard = (REPO / "docs" / "grafana-dashboard.json").read_text()
+    queried = set(re.findall(r"tfsupervisor_[a-z0-9_]+", dashboard))
+    exposed = {s.name for f in families.values() for s in f.samples}
+    assert queried - exposed <= {"tfsupervisor_worker_vram_bytes",
+                                 "tfsupervisor_recycles_total"}, queried - exposed
+
+
+def test_log_lines_are_json_with_stable_events(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    with sup.client() as client:
+        client.infer("m", {"x": np.zeros((1, 4), np.float32)})
+    sup.stop()
+    events = [json.loads(line) for line in sup.log().splitlines() if line.strip()]
+    names = [e["event"] for e in events]
+    for name in ("supervisor_started", "worker_started", "worker_ready", "serving",
+                 "shutdown_started", "worker_exited", "supervisor_stopped"):
+        assert name in names, name
+    ready = next(e for e in events if e["event"] == "worker_ready")
+    assert {"model", "worker", "pid", "warmup_seconds", "level", "timestamp"} <= set(ready)
+    assert not any(e["event"].startswith("job") for e in events)  # no per-job lines at info
