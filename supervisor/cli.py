@@ -74,7 +74,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     config = _load(args.config)
     inputs: dict[str, np.ndarray] = {}
-    with Client(list(config.supervisor.endpoints), timeout=args.timeout) as client:
+    with Client(list(config.supervisor.endpoints), timeout=args.timeout,
+                **_curve_args(args)) as client:
         try:
             if args.random:
                 model = client.models().get(args.model)
@@ -102,7 +103,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     config = _load(args.config)
     try:
-        report = control(config.supervisor.control, "status", timeout=args.timeout)
+        report = control(config.supervisor.control, "status", timeout=args.timeout,
+                         **_curve_args(args))
     except JobError as exc:
         if not args.ready:
             print(f"error: {exc}", file=sys.stderr)
@@ -123,7 +125,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                report = control(config.supervisor.control, "status", timeout=args.interval + 5)
+                report = control(config.supervisor.control, "status", timeout=args.interval + 5,
+                                 **_curve_args(args))
                 screen = render_status(report)
             except JobError as exc:
                 screen = f"error: {exc}"
@@ -142,7 +145,7 @@ def cmd_recycle(args: argparse.Namespace) -> int:
     config = _load(args.config)
     try:
         result = control(config.supervisor.control, "recycle", timeout=args.timeout,
-                         model=args.model, worker=args.worker)
+                         model=args.model, worker=args.worker, **_curve_args(args))
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
@@ -157,7 +160,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
     config = _load(args.config)  # refuse a broken file here, before the daemon sees it
     try:
-        result = control(config.supervisor.control, "reload", timeout=args.timeout)
+        result = control(config.supervisor.control, "reload", timeout=args.timeout,
+                         **_curve_args(args))
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
@@ -215,6 +219,35 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
     return code
 
 
+def _curve_args(args: argparse.Namespace) -> dict[str, Any]:
+    """CURVE keys for talking to a TCP endpoint that requires them (ipc needs none)."""
+    if args.server_key and args.client_cert:
+        return {"server_key": args.server_key, "client_cert": args.client_cert}
+    return {}
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from supervisor.security import keygen
+
+    files = keygen(Path(args.directory))
+    print(f"""wrote CURVE keys to {args.directory}:
+  server secret  {files["server_secret"]}   (keep on the supervisor host only)
+  server public  {files["server_public"]}   (give to clients)
+  client secret  {files["client_secret"]}   (give to one client; make one pair per client)
+  authorized     {files["authorized_clients"]}/   (client public keys the server admits)
+
+config.yaml:
+  supervisor:
+    curve:
+      server_secret_key: {files["server_secret"]}
+      authorized_clients: {files["authorized_clients"]}
+
+client:
+  Client("tcp://HOST:PORT", server_key="{files["server_public"]}",
+         client_cert="{files["client_secret"]}")""")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     if args.markdown:
         print(config_reference())
@@ -236,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
         if config:
             p.add_argument("-c", "--config", default=DEFAULT_CONFIG,
                            help=f"config file (default {DEFAULT_CONFIG})")
+        if name in ("infer", "status", "top", "recycle", "reload"):
+            p.add_argument("--server-key", help="server public certificate (CURVE over TCP)")
+            p.add_argument("--client-cert", help="client secret certificate (CURVE over TCP)")
         p.set_defaults(func=func)
         return p
 
@@ -268,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                config=False)
     demo.add_argument("path", nargs="?", default="models/demo")
     demo.add_argument("--force", action="store_true")
+    keygen = add("keygen", cmd_keygen, "Write CURVE server and client key pairs.",
+                 config=False)
+    keygen.add_argument("directory")
     schema = add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
     schema.add_argument("--markdown", action="store_true",
                         help="print the configuration reference (docs/configuration.md)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ from supervisor.protocol import (
     pack_arrays,
     unpack_arrays,
 )
+from supervisor.security import make_curve_client
 
 
 class JobError(Exception):
@@ -130,25 +132,104 @@ def _outcome(msg: Message) -> dict[str, np.ndarray]:
     return unpack_arrays(msg.header.get("outputs"), msg.arrays)
 
 
-def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = True) -> Any:
+def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = True,
+            curve: tuple[Any, ...] | None = None) -> Any:
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if immediate:  # only queue to supervisors actually connected (must precede connect)
         sock.setsockopt(zmq.IMMEDIATE, 1)
+    if curve is not None:
+        make_curve_client(sock, *curve)
     for endpoint in endpoints:
         sock.connect(endpoint)
     return sock
 
 
+# Answers that mean the job did not run there: another supervisor may take it at once.
+RETRY_ELSEWHERE = frozenset({protocol.SHUTTING_DOWN, protocol.OVERLOADED, protocol.UNAVAILABLE})
+# How long an endpoint is passed over after it failed us.
+DOWN_SECONDS = 5.0
+# How long a send may wait for a connection before that endpoint counts as down.
+CONNECT_WAIT = 1.0
+
+
+class _NotSent(Exception):
+    """No connection to that supervisor: the job never left; safe to send elsewhere."""
+
+
+class _Lost(Exception):
+    """The connection dropped while the job was out: it may or may not have run."""
+
+
+class _Link:
+    """One thread's socket to one supervisor, with a monitor to see the connection drop."""
+
+    def __init__(self, context: zmq.Context[Any], endpoint: str, curve: tuple[Any, ...] | None):
+        self.endpoint = endpoint
+        self.sock = context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected supervisor
+        if curve is not None:
+            make_curve_client(self.sock, *curve)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.sock.connect(endpoint)
+
+    def exchange(self, msg: Message, deadline: float) -> Message:
+        while self.monitor.poll(0):  # old news: only a drop after our send matters
+            self.monitor.recv_multipart()
+        wait = min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
+        self.sock.setsockopt(zmq.SNDTIMEO, int(wait * 1000) + 1)
+        try:
+            self.sock.send_multipart(encode(msg), copy=False)
+        except zmq.Again:
+            raise _NotSent from None
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            if self.monitor in ready:
+                self.monitor.recv_multipart()
+                raise _Lost
+            if self.sock in ready:
+                reply = decode(self.sock.recv_multipart(copy=False))
+                if reply.job_id == msg.job_id:
+                    return reply
+                # else: a late reply to an earlier call that timed out; drop it
+        raise TimeoutError
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=0)
+
+
 class Client:
+    """Blocking client. With several endpoints it spreads jobs round-robin over the
+    supervisors, passes over one that is down or shutting down, and retries elsewhere:
+
+    - always, when the job surely did not run (no connection, or answered shutting_down,
+      overloaded or unavailable);
+    - when the connection dropped while the job was out, only if ``retry_unanswered``
+      (default True: inference is free of side effects). Then the job may have run twice.
+
+    A reply that never comes within the timeout is never retried: ``NoReply``.
+    """
+
     def __init__(self, endpoint: str | Sequence[str], timeout: float = 30.0,
-                 context: zmq.Context[Any] | None = None) -> None:
+                 context: zmq.Context[Any] | None = None, *,
+                 server_key: str | bytes | None = None, client_cert: str | None = None,
+                 retry_unanswered: bool = True) -> None:
         self.endpoints = _endpoints(endpoint)
         self.timeout = timeout
+        self.retry_unanswered = retry_unanswered
+        self._curve = (server_key, client_cert) if server_key and client_cert else None
         self._context = context or zmq.Context.instance()
         self._local = threading.local()
-        self._sockets: list[zmq.Socket[Any]] = []
+        self._links: list[_Link] = []
         self._lock = threading.Lock()
+        self._turn = itertools.count()
+        self._down: dict[str, float] = {}  # endpoint -> monotonic time it may be tried again
 
     def __enter__(self) -> Client:
         return self
@@ -158,19 +239,10 @@ class Client:
 
     def close(self) -> None:
         with self._lock:
-            for sock in self._sockets:
-                sock.close(linger=0)
-            self._sockets.clear()
+            for link in self._links:
+                link.close()
+            self._links.clear()
         self._local = threading.local()
-
-    def _socket(self) -> zmq.Socket[Any]:
-        sock: zmq.Socket[Any] | None = getattr(self._local, "sock", None)
-        if sock is None or sock.closed:
-            sock = _dealer(self._context, self.endpoints)
-            self._local.sock = sock
-            with self._lock:
-                self._sockets.append(sock)
-        return sock
 
     def infer(self, model: str, inputs: Mapping[str, Any],
               timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -186,40 +258,89 @@ class Client:
         return dict(reply.header.get("models", {}))
 
     def _call(self, msg: Message, timeout: float) -> Message:
-        sock = self._socket()
         deadline = time.monotonic() + timeout
-        # With IMMEDIATE set, a send blocks while no supervisor is connected: bound it too.
-        sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
-        try:
-            sock.send_multipart(encode(msg), copy=False)
-        except zmq.Again:
-            raise NoReply(f"no supervisor connected at {', '.join(self.endpoints)} within "
-                          f"{timeout:g}s") from None
-        while (left := deadline - time.monotonic()) > 0:
-            if not sock.poll(int(left * 1000) + 1):
-                break
-            reply = decode(sock.recv_multipart(copy=False))
-            if reply.job_id == msg.job_id:
-                return reply
-            # else: a late reply to an earlier call that timed out; drop it
-        # The socket may still get the late reply; a fresh one keeps the next call clean.
-        self._discard(sock)
-        raise NoReply(f"no reply from {', '.join(self.endpoints)} within {timeout:g}s")
+        tried: list[str] = []
+        last: Message | None = None
+        while (endpoint := self._pick(tried)) is not None:
+            tried.append(endpoint)
+            link = self._link(endpoint)
+            _refresh_deadline(msg, deadline)
+            try:
+                reply = link.exchange(msg, deadline)
+            except _NotSent:
+                self._mark_down(endpoint)
+                continue
+            except _Lost:
+                self._forget(link, down=True)
+                if not self.retry_unanswered:
+                    raise NoReply(f"the connection to {endpoint} dropped while the job was "
+                                  "out; it may have run (retry_unanswered is off)") from None
+                continue
+            except TimeoutError:
+                self._forget(link, down=False)  # a late reply must not confuse the next call
+                raise NoReply(f"no reply from {endpoint} within {timeout:g}s") from None
+            if reply.kind == ERROR and reply.header.get("code") in RETRY_ELSEWHERE:
+                self._mark_down(endpoint)
+                last = reply
+                continue
+            return reply
+        if last is not None:
+            return last  # every supervisor refused: the last refusal is the answer
+        raise NoReply(f"no supervisor reachable at {', '.join(self.endpoints)} within "
+                      f"{timeout:g}s")
 
-    def _discard(self, sock: zmq.Socket[Any]) -> None:
+    def _pick(self, tried: list[str]) -> str | None:
+        """Next endpoint round-robin: ones not marked down first, then the rest."""
+        start = next(self._turn)
+        order = [self.endpoints[(start + i) % len(self.endpoints)]
+                 for i in range(len(self.endpoints))]
+        now = time.monotonic()
+        fresh = [e for e in order if e not in tried]
+        healthy = [e for e in fresh if self._down.get(e, 0.0) <= now]
+        choices = healthy or fresh
+        return choices[0] if choices else None
+
+    def _mark_down(self, endpoint: str) -> None:
+        self._down[endpoint] = time.monotonic() + DOWN_SECONDS
+
+    def _link(self, endpoint: str) -> _Link:
+        links: dict[str, _Link] = self._local.__dict__.setdefault("links", {})
+        link = links.get(endpoint)
+        if link is None:
+            link = _Link(self._context, endpoint, self._curve)
+            links[endpoint] = link
+            with self._lock:
+                self._links.append(link)
+        return link
+
+    def _forget(self, link: _Link, down: bool) -> None:
+        if down:
+            self._mark_down(link.endpoint)
+        self._local.__dict__.get("links", {}).pop(link.endpoint, None)
         with self._lock:
-            if sock in self._sockets:
-                self._sockets.remove(sock)
-        sock.close(linger=0)
-        self._local.sock = None
+            if link in self._links:
+                self._links.remove(link)
+        link.close()
+
+
+def _refresh_deadline(msg: Message, deadline: float) -> None:
+    """A retried job carries the time it has left, not its original timeout."""
+    if msg.kind == INFER and "timeout_ms" in msg.header:
+        left = deadline - time.monotonic()
+        msg.header["timeout_ms"] = max(1, int(left / 1.1 * 1000))
 
 
 class AsyncClient:
-    """The same calls with ``await``; use it from one event loop."""
+    """The same calls with ``await``; use it from one event loop. With several endpoints it
+    spreads jobs round-robin over the connected supervisors, but does not retry elsewhere:
+    use ``Client`` for failover."""
 
-    def __init__(self, endpoint: str | Sequence[str], timeout: float = 30.0) -> None:
+    def __init__(self, endpoint: str | Sequence[str], timeout: float = 30.0, *,
+                 server_key: str | bytes | None = None, client_cert: str | None = None
+                 ) -> None:
         self.endpoints = _endpoints(endpoint)
         self.timeout = timeout
+        self._curve = (server_key, client_cert) if server_key and client_cert else None
         self._context = zmq.asyncio.Context.instance()
         self._sock: Any = None  # zmq.asyncio.Socket, created on first use
         self._waiting: dict[bytes, asyncio.Future[Message]] = {}
@@ -255,7 +376,7 @@ class AsyncClient:
 
     async def _call(self, msg: Message, timeout: float) -> Message:
         if self._sock is None:
-            self._sock = _dealer(self._context, self.endpoints)
+            self._sock = _dealer(self._context, self.endpoints, curve=self._curve)
             self._reader = asyncio.get_running_loop().create_task(self._read())
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._waiting[msg.job_id] = future
@@ -286,10 +407,14 @@ class AsyncClient:
                 future.set_result(reply)
 
 
-def control(endpoint: str, command: str, timeout: float = 10.0, **args: Any) -> Any:
-    """Send one control command (status, recycle) and return its result; raises JobError."""
+def control(endpoint: str, command: str, timeout: float = 10.0, *,
+            server_key: str | bytes | None = None, client_cert: str | None = None,
+            **args: Any) -> Any:
+    """Send one control command (status, recycle, reload) and return its result; raises
+    JobError. A TCP control endpoint needs the CURVE keys."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    sock = _dealer(context, [endpoint], immediate=False)
+    curve = (server_key, client_cert) if server_key and client_cert else None
+    sock = _dealer(context, [endpoint], immediate=False, curve=curve)
     try:
         sock.send_multipart(encode(Message(CONTROL, b"", {"command": command, **args})))
         if not sock.poll(int(timeout * 1000)):

@@ -150,6 +150,28 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class CurveConfig:
+    """CURVE encryption and client authentication for the frontend and control sockets."""
+
+    server_secret_key: str | None = setting(
+        Optional(Str()), None, "The server's secret certificate (from `tfsupervisor keygen`); "
+        "set it to turn CURVE on.")
+    authorized_clients: str | None = setting(
+        Optional(Str()), None, "Directory of authorized client public certificates (*.key); "
+        "re-read on reload.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.server_secret_key is not None
+
+    def check(self, path: str) -> list[ConfigError]:
+        if (self.server_secret_key is None) != (self.authorized_clients is None):
+            return [ConfigError(path, "expected both server_secret_key and "
+                                "authorized_clients, or neither")]
+        return []
+
+
+@dataclass(frozen=True)
 class SupervisorSection:
     """The daemon itself."""
 
@@ -184,12 +206,32 @@ class SupervisorSection:
         "ready (systemd READY=1, status --ready); null: all configured workers.")
     log_level: str = setting(
         Choice("debug", "info", "warning", "error"), "info", "Lowest log level written.")
+    curve: CurveConfig = setting(
+        Section(CurveConfig), None, "CURVE keys; required for TCP beyond loopback.")
+    insecure: bool = setting(
+        Bool(), False, "Allow TCP endpoints beyond loopback (and a TCP control endpoint) "
+        "without CURVE. Anyone who reaches them can submit jobs or stop workers.")
+    socket_group: str | None = setting(
+        Optional(Str()), None, "Group given access to the ipc sockets (mode 0660 in a 0750 "
+        "directory); default: the supervisor's own group.")
+    max_header_size: int = setting(
+        Size(), 64 * 1024, "Largest request header (at most 64KiB).")
+    max_arrays: int = setting(Int(1), 64, "Arrays per request (at most 64).")
+    max_elements: int = setting(
+        Int(1), 256 * 1024**2, "Elements in all arrays of one request together.")
 
     def check(self, path: str) -> list[ConfigError]:
+        errors = []
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
-            return [ConfigError(f"{path}.heartbeat_timeout",
-                                "must be more than twice heartbeat_interval")]
-        return []
+            errors.append(ConfigError(f"{path}.heartbeat_timeout",
+                                      "must be more than twice heartbeat_interval"))
+        if self.max_header_size > 64 * 1024:
+            errors.append(ConfigError(f"{path}.max_header_size", "must be at most 64KiB"))
+        if self.max_arrays > 64:
+            errors.append(ConfigError(f"{path}.max_arrays", "must be at most 64"))
+        if not (self.curve.enabled or self.insecure):
+            errors.extend(_exposed(path, self.endpoints, self.control))
+        return errors
 
 
 @dataclass(frozen=True)
@@ -258,6 +300,11 @@ def parse_config(text: str, file: Path | None = None) -> Config:
     if errors:
         raise ConfigErrors(errors)
     models = {name: _resolve_paths(model, base) for name, model in top.models.items()}
+    curve = sup.curve
+    if curve.server_secret_key and curve.authorized_clients:
+        sup = dataclasses.replace(sup, curve=CurveConfig(
+            str((base / curve.server_secret_key).resolve()),
+            str((base / curve.authorized_clients).resolve())))
     return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
 
 
@@ -329,6 +376,28 @@ def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigEr
     return errors
 
 
+def is_loopback(endpoint: str) -> bool:
+    """tcp://127.x.x.x:port, tcp://[::1]:port or tcp://localhost:port."""
+    host = endpoint.partition("://")[2].rpartition(":")[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def _exposed(path: str, endpoints: tuple[str, ...], control: str) -> list[ConfigError]:
+    """Plain TCP beyond loopback, or a TCP control socket, needs CURVE or insecure: true."""
+    errors = []
+    for i, endpoint in enumerate(endpoints):
+        if endpoint.startswith("tcp://") and not is_loopback(endpoint):
+            errors.append(ConfigError(
+                f"{path}.endpoints[{i}]", f"{endpoint} is reachable beyond this host without "
+                "encryption or authentication: configure supervisor.curve, bind to loopback, "
+                "or write supervisor.insecure: true"))
+    if control.startswith("tcp://"):
+        errors.append(ConfigError(f"{path}.control", "a TCP control endpoint can stop workers: "
+                                  "it needs supervisor.curve (or supervisor.insecure: true); "
+                                  "the default is an ipc socket"))
+    return errors
+
+
 def config_schema() -> dict[str, Any]:
     """JSON schema of config.yaml, for editors and `tfsupervisor schema`."""
     top = section_schema(RawConfig)
@@ -340,6 +409,7 @@ def config_schema() -> dict[str, Any]:
 def config_reference() -> str:
     """docs/configuration.md, generated from the declarations above (a test keeps it so)."""
     sections = [("supervisor", SupervisorSection, "The daemon itself."),
+                ("supervisor.curve", CurveConfig, CurveConfig.__doc__ or ""),
                 ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
                  "`keras`, `handler`. Relative paths are relative to the config file."),
                 ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
@@ -355,7 +425,7 @@ def config_reference() -> str:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]
         for key, expected, default, help_text in describe(cls):
-            if key in ("tf", "policy"):
+            if key in ("tf", "policy", "curve"):
                 continue
             lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
         lines.append("")

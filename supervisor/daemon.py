@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from supervisor import logs
+from supervisor import logs, security
 from supervisor import reload as reloading
 from supervisor.config import Config, load_config
 from supervisor.control import Controller
@@ -41,6 +41,7 @@ from supervisor.protocol import (
     TIMEOUT,
     UNAVAILABLE,
     Frame,
+    Limits,
     Message,
     ProtocolError,
     decode,
@@ -140,6 +141,7 @@ class Daemon:
         self.shutdown_started: float | None = None
         self.fast_exit = False
         self.serving = False  # every model has its ready workers (READY=1 sent)
+        self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_watchdog = 0.0
         self.next_publish = 0.0
         self.next_progress = clock() + STARTUP_PROGRESS
@@ -148,27 +150,36 @@ class Daemon:
     # --- setup ---------------------------------------------------------------------------
 
     def bind(self) -> None:
-        runtime_dir = Path(self.config.runtime_dir)
-        runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         sup = self.config.supervisor
+        gid = security.prepare_runtime_dir(Path(self.config.runtime_dir), sup.socket_group)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
         for sock in (self.frontend, self.backend, self.control):
             sock.setsockopt(zmq.LINGER, 1000)
+        if sup.curve.enabled:
+            self.zap = security.start_zap(self.context, sup.curve)
+            security.make_curve_server(self.frontend, sup.curve)
+            if sup.control.startswith("tcp://"):
+                security.make_curve_server(self.control, sup.curve)
         for endpoint in sup.endpoints:
-            self._bind(self.frontend, endpoint)
-        self._bind(self.backend, self.config.backend)
-        self._bind(self.control, sup.control)
+            self._bind(self.frontend, endpoint, gid)
+        self._bind(self.backend, self.config.backend, None)
+        self._bind(self.control, sup.control, gid)
         if sup.metrics:
             self.metrics.serve(sup.metrics)
 
     @staticmethod
-    def _bind(sock: zmq.Socket[bytes], endpoint: str) -> None:
+    def _bind(sock: zmq.Socket[bytes], endpoint: str, gid: int | None) -> None:
         if endpoint.startswith("ipc://"):
             path = Path(endpoint[len("ipc://"):])
             if path.is_socket():
                 path.unlink()  # left by a previous run that died; ZeroMQ would fail to bind
-        sock.bind(endpoint)
+        previous = os.umask(0o177)  # no moment when others could open the socket file
+        try:
+            sock.bind(endpoint)
+        finally:
+            os.umask(previous)
+        security.restrict_socket(endpoint, gid)
 
     # --- main loop -----------------------------------------------------------------------
 
@@ -182,6 +193,8 @@ class Daemon:
         for sock in (self.frontend, self.backend, self.control):
             poller.register(sock, zmq.POLLIN)
         poller.register(self.signals.fileno(), zmq.POLLIN)
+        if self.zap is not None:
+            poller.register(self.zap.zap_socket, zmq.POLLIN)
         try:
             while not self._finished():
                 ready = dict(poller.poll(int(MAX_SLEEP * 1000)))
@@ -192,6 +205,8 @@ class Daemon:
                     self._drain(self.frontend, self._on_frontend)
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
+                if self.zap is not None and self.zap.zap_socket in ready:
+                    self.zap.handle()
                 self.tick(self.clock())
         finally:
             self._close()
@@ -246,7 +261,7 @@ class Daemon:
     def _on_frontend(self, frames: list[Frame]) -> None:
         envelope, body = split_envelope(frames)
         try:
-            msg = decode(body)
+            msg = decode(body, self.limits)
         except ProtocolError as exc:
             # Answer when we can tell a job id apart; a reply to garbage is harmless.
             self._refuse(envelope, _job_id_of(body), exc.code, str(exc), None)
@@ -266,7 +281,8 @@ class Daemon:
     def _admit(self, envelope: list[Frame], msg: Message) -> None:
         now = self.clock()
         try:
-            job = admit(msg, envelope, self.pool.models, self.next_job_id, now)
+            job = admit(msg, envelope, self.pool.models, self.next_job_id, now,
+                        self.config.supervisor.max_elements)
         except Refusal as refusal:
             self._refuse(envelope, msg.job_id, refusal.code, str(refusal), msg.header.get("model"))
             return
@@ -288,6 +304,11 @@ class Daemon:
         label = model if served and isinstance(model, str) else "-"
         self.metrics.jobs.labels(label, code).inc()
         self.errors.count(label, code, self.clock())
+
+    @property
+    def limits(self) -> Limits:
+        sup = self.config.supervisor
+        return Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
 
     def _send_client(self, envelope: list[Frame], msg: Message) -> None:
         self.frontend.send_multipart([*envelope, *encode(msg)], copy=False)
@@ -482,6 +503,8 @@ class Daemon:
         changes = reloading.plan(self.config, new)
         self.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         self._apply_config(reloading.effective(self.config, new), changes)
+        if self.zap is not None:
+            security.load_clients(self.zap, self.config.supervisor.curve)
         self.notifier.ready(self.summary(self.clock()))
         log.info("config_reloaded", path=str(self.config.path), **changes.summary())
         if changes.restart_required:
@@ -543,6 +566,8 @@ class Daemon:
             self.pool.kill(worker, "shutdown")
         for worker in list(self.pool.workers.values()):
             worker.process.wait(timeout=5)
+        if self.zap is not None:
+            self.zap.close()
         for sock in (self.frontend, self.backend, self.control):
             sock.close(linger=1000)
         self.context.term()

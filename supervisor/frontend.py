@@ -23,7 +23,7 @@ class Refusal(Exception):
 
 
 def admit(msg: Message, envelope: list[Frame], models: dict[str, ModelState], job_id: int,
-          now: float) -> Job:
+          now: float, max_elements: int | None = None) -> Job:
     """Check an INFER request against the model's known input specs; raise Refusal."""
     model = msg.header.get("model")
     if not isinstance(model, str):
@@ -34,7 +34,7 @@ def admit(msg: Message, envelope: list[Frame], models: dict[str, ModelState], jo
         raise Refusal(UNKNOWN_MODEL, f"no model named '{model}' (served: {served})")
     try:
         # Checks every buffer length against its dtype and shape without copying.
-        arrays = unpack_arrays(msg.header.get("inputs"), msg.arrays)
+        arrays = unpack_arrays(msg.header.get("inputs"), msg.arrays, max_elements)
     except ProtocolError as exc:
         raise Refusal(exc.code, str(exc)) from None
     if state.inputs is not None:

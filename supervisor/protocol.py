@@ -131,7 +131,19 @@ def encode(msg: Message) -> list[Frame]:
     return [VERSION, msg.kind, msg.job_id, header, *msg.arrays]
 
 
-def decode(frames: Sequence[Frame]) -> Message:
+@dataclass(frozen=True)
+class Limits:
+    """What one message may hold; the frontend's come from the config."""
+
+    max_header: int = MAX_HEADER
+    max_arrays: int = MAX_ARRAYS
+    max_elements: int | None = None  # all arrays together
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse frames into a Message; raise ProtocolError on anything malformed."""
     if len(frames) < 4:
         raise ProtocolError(f"expected at least 4 frames (version, kind, job id, header), "
@@ -144,10 +156,10 @@ def decode(frames: Sequence[Frame]) -> Message:
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}")
     job_id = _small(frames[2], MAX_JOB_ID, "job id")
-    header = _header(frames[3])
+    header = _header(frames[3], limits.max_header)
     arrays = list(frames[4:])
-    if len(arrays) > MAX_ARRAYS:
-        raise ProtocolError(f"at most {MAX_ARRAYS} arrays per message, got {len(arrays)}")
+    if len(arrays) > limits.max_arrays:
+        raise ProtocolError(f"at most {limits.max_arrays} arrays per message, got {len(arrays)}")
     return Message(kind, job_id, header, arrays)
 
 
@@ -158,8 +170,8 @@ def _small(frame: Frame, limit: int, what: str) -> bytes:
     return data
 
 
-def _header(frame: Frame) -> dict[str, Any]:
-    data = _small(frame, MAX_HEADER, "header")
+def _header(frame: Frame, limit: int) -> dict[str, Any]:
+    data = _small(frame, limit, "header")
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_HEADER,
                                  max_bin_len=MAX_HEADER, max_array_len=4096, max_map_len=4096)
@@ -206,12 +218,18 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]],
     return specs, frames
 
 
-def unpack_arrays(specs: object, frames: Sequence[Frame]) -> dict[str, np.ndarray]:
+def unpack_arrays(specs: object, frames: Sequence[Frame],
+                  max_elements: int | None = None) -> dict[str, np.ndarray]:
     """Arrays from specs and frames, each checked against its dtype and shape (no copy)."""
     parsed = parse_specs(specs)
     if len(parsed) != len(frames):
         raise ProtocolError(f"header describes {len(parsed)} arrays but {len(frames)} array "
                             "frames came")
+    if max_elements is not None:
+        total = sum(math.prod(concrete_shape(s)) for s in parsed)
+        if total > max_elements:
+            raise ProtocolError(f"{total} elements in all, more than the {max_elements} "
+                                "allowed per request")
     out: dict[str, np.ndarray] = {}
     for spec, frame in zip(parsed, frames, strict=True):
         dtype = np.dtype(spec.dtype).newbyteorder("<")

@@ -19,7 +19,8 @@ from supervisor.config import Config, ModelConfig
 # Model settings a running worker cannot take on: they need new workers.
 WORKER_FIELDS = ("saved_model", "keras", "handler", "signature", "options", "env", "tf")
 # Supervisor settings bound into sockets at start.
-RESTART_FIELDS = ("endpoints", "control", "runtime_dir", "max_message_size", "metrics")
+RESTART_FIELDS = ("endpoints", "control", "runtime_dir", "max_message_size", "metrics",
+                  "curve", "socket_group")
 
 
 @dataclass

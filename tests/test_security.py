@@ -1,0 +1,175 @@
+"""Security and several hosts: CURVE, socket permissions, input limits, failover."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq.auth
+
+from supervisor.client import BadRequest, Client, JobError, NoReply
+from supervisor.config import parse_config
+from supervisor.settings import ConfigErrors
+from tests.conftest import echo_model, short_tmpdir
+
+X = {"x": np.ones((2, 4), np.float32)}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _errors(text: str) -> str:
+    with pytest.raises(ConfigErrors) as info:
+        parse_config(text)
+    return str(info.value)
+
+
+MODEL = "models: {m: {handler: 'worker.handlers:echo'}}\n"
+
+
+def test_exposed_tcp_needs_curve_or_an_explicit_insecure() -> None:
+    assert "without encryption" in _errors(MODEL + "supervisor: {endpoints: ['tcp://*:5555']}")
+    assert "without encryption" in _errors(
+        MODEL + "supervisor: {endpoints: ['tcp://10.1.2.3:5555']}")
+    parse_config(MODEL + "supervisor: {endpoints: ['tcp://127.0.0.1:5555']}")
+    parse_config(MODEL + "supervisor: {endpoints: ['tcp://[::1]:5555', 'tcp://localhost:1']}")
+    parse_config(MODEL + "supervisor: {endpoints: ['tcp://*:5555'], insecure: true}")
+    parse_config(MODEL + "supervisor: {endpoints: ['tcp://*:5555'], curve: "
+                 "{server_secret_key: s, authorized_clients: d}}")
+    assert "TCP control endpoint" in _errors(MODEL + "supervisor: {control: 'tcp://127.0.0.1:1'}")
+    assert "both server_secret_key and authorized_clients" in _errors(
+        MODEL + "supervisor: {curve: {server_secret_key: s}}")
+
+
+def test_ipc_sockets_exclude_other_users(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    assert stat.S_IMODE(os.stat(sup.runtime_dir).st_mode) == 0o750
+    for name in ("frontend.sock", "control.sock", "backend.sock"):
+        mode = stat.S_IMODE(os.stat(sup.runtime_dir / name).st_mode)
+        assert mode == 0o660, (name, oct(mode))
+
+
+@pytest.fixture
+def keys() -> Any:
+    path = short_tmpdir()
+    subprocess.run([sys.executable, "-m", "supervisor", "keygen", str(path)], check=True,
+                   capture_output=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_curve_admits_authorized_clients_only(supervisor_factory: Any, keys: Path) -> None:
+    port = _port()
+    sup = supervisor_factory({"supervisor": {
+        "endpoints": [f"tcp://127.0.0.1:{port}"],
+        "curve": {"server_secret_key": str(keys / "server.key_secret"),
+                  "authorized_clients": str(keys / "authorized_clients")}},
+        "models": {"m": echo_model(1)}})
+    endpoint = f"tcp://127.0.0.1:{port}"
+    with Client(endpoint, timeout=5, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "client.key_secret")) as good:
+        assert good.infer("m", X)["x"].shape == (2, 4)
+    _, stranger = zmq.auth.create_certificates(str(keys), "stranger")
+    with Client(endpoint, timeout=1.5, server_key=str(keys / "server.key"),
+                client_cert=stranger) as bad, pytest.raises(NoReply):
+        bad.infer("m", X)
+    with Client(endpoint, timeout=1.5) as plain, pytest.raises(NoReply):
+        plain.infer("m", X)  # no CURVE at all: the handshake cannot even start
+    assert '"event": "handshake_denied"' in sup.log()
+    # Keys are re-read on reload: authorize the stranger, and it is admitted.
+    shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
+    os.kill(sup.process.pid, signal.SIGHUP)
+    time.sleep(1.0)
+    with Client(endpoint, timeout=5, server_key=str(keys / "server.key"),
+                client_cert=stranger) as now_good:
+        assert now_good.infer("m", X)["x"].shape == (2, 4)
+
+
+@pytest.mark.parametrize(("limits", "inputs", "fragment"), [
+    ({"max_elements": 100}, {"x": np.ones((26, 4), np.float32)}, "104 elements"),
+    ({"max_arrays": 1}, {"x": np.ones((1, 4), np.float32), "y": np.ones(1, np.float32)},
+     "at most 1 arrays"),
+    ({"max_header_size": 200}, {f"x{'_' * 60}{i}": np.ones(1, np.float32) for i in range(4)},
+     "header frame is"),
+])
+def test_input_limits(supervisor_factory: Any, limits: dict[str, Any],
+                      inputs: dict[str, np.ndarray], fragment: str) -> None:
+    sup = supervisor_factory({"supervisor": limits, "models": {"m": echo_model(1)}})
+    with sup.client(timeout=5) as client:
+        with pytest.raises(BadRequest, match=fragment):
+            client.infer("m", inputs)
+        assert client.infer("m", X)["x"].shape == (2, 4)
+
+
+def test_client_fails_over_when_a_supervisor_is_killed(supervisor_factory: Any) -> None:
+    ports = [_port(), _port()]
+    sups = [supervisor_factory({"supervisor": {"endpoints": [f"tcp://127.0.0.1:{p}"]},
+                                "models": {"m": echo_model(2, delay=0.01)}}) for p in ports]
+    client = Client([f"tcp://127.0.0.1:{p}" for p in ports], timeout=20)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def submit() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                out = client.infer("m", {"x": np.full((1, 4), i, np.float32)})
+                result = "ok" if out["x"][0, 0] == i else "wrong"
+            except JobError as exc:
+                result = exc.code
+            with lock:
+                outcomes.append(result)
+
+    threads = [threading.Thread(target=submit) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    served_before = [sum(w["jobs"] for w in s.workers("m")) for s in sups]
+    sups[0].process.kill()  # SIGKILL mid-run: its in-flight jobs are lost with it
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    client.close()
+    assert all(n > 0 for n in served_before), served_before  # both took work
+    assert len(outcomes) > 100
+    assert set(outcomes) == {"ok"}, {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def test_client_moves_on_from_a_supervisor_that_is_shutting_down(
+        supervisor_factory: Any) -> None:
+    ports = [_port(), _port()]
+    sups = [supervisor_factory({"supervisor": {"endpoints": [f"tcp://127.0.0.1:{p}"],
+                                               "shutdown_timeout": "5s"},
+                                "models": {"m": echo_model(1, sleep_on=-2.0,
+                                                           sleep_seconds=3.0)}})
+            for p in ports]
+    held: dict[str, Any] = {}
+    with Client(f"tcp://127.0.0.1:{ports[0]}", timeout=10) as holder:
+        slow = threading.Thread(target=lambda: held.update(out=holder.infer("m", {
+            "x": np.full((1, 4), -2.0, np.float32)})))
+        slow.start()
+        time.sleep(0.3)
+        sups[0].process.send_signal(signal.SIGTERM)  # drains for up to 3 s, refusing work
+        time.sleep(0.3)
+        with Client([f"tcp://127.0.0.1:{p}" for p in ports], timeout=10) as client:
+            for _ in range(6):
+                assert client.infer("m", X)["x"].shape == (2, 4)
+        slow.join(15)
+    assert held["out"]["x"][0, 0] == -2.0  # the draining supervisor finished its job
