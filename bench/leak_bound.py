@@ -30,7 +30,8 @@ WIDTH = 32
 
 def config(quick: bool) -> dict[str, Any]:
     handler = {"handler": "worker.tf_handlers:retracing", "options": {"width": WIDTH},
-               "workers": 1, "tf": {"intra_op_threads": 1, "inter_op_threads": 1}}
+               "workers": 1, "tf": {"intra_op_threads": 1, "inter_op_threads": 1},
+               "batching": {"max_batch_size": 1}}  # one call per job: the leak is per call
     # This leak is fast (MB per second): a worker lives well under the default min_lifetime
     # of 2 minutes, which would rightly call the policy too tight after two recycles.
     bounded = {"warmup_jobs": 50 if quick else 100, "warmup_seconds": "2s" if quick else "10s",

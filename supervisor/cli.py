@@ -191,8 +191,11 @@ def render_status(report: dict[str, Any]) -> str:
         paused = model.get("memory_recycles_paused") or 0
         paused_text = f"; memory recycles paused {format_duration(paused)} (policy too " \
                       "tight)" if paused else ""
+        batches = model.get("batches") or {}
+        batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
+                     f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
         notes.append(f"{name}: {state}; queued {model['queued']}, in flight "
-                     f"{model['in_flight']}; {model['memory_metric']} limit "
+                     f"{model['in_flight']}{batch_text}; {model['memory_metric']} limit "
                      f"{format_size(model.get('max_memory'))}; recycles: {recycles}"
                      f"{last_text}{paused_text}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from supervisor.batching import BatchPolicy
 from supervisor.settings import (
     Bool,
     Choice,
@@ -111,6 +113,28 @@ class TfConfig:
 
 
 @dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching: queued jobs combined into one call, padded to allowed sizes."""
+
+    max_batch_size: int = setting(
+        Int(1), 32, "Most rows in one batch; 1 turns batching off (handlers that cannot "
+        "batch).")
+    batch_timeout_ms: float = setting(
+        Float(0.0), 0.0, "How long a partial batch may wait for more jobs; 0: dispatch at "
+        "once (batches then form only under load, and no latency is added).")
+    allowed_batch_sizes: tuple[int, ...] | None = setting(
+        Optional(ListOf(Int(1), min_items=1)), None, "Sizes a batch is padded up to; default "
+        "powers of two up to max_batch_size. Fewer shapes, less TF memory growth.")
+
+    def check(self, path: str) -> list[ConfigError]:
+        sizes = self.allowed_batch_sizes
+        if sizes and max(sizes) != self.max_batch_size:
+            return [ConfigError(f"{path}.allowed_batch_sizes",
+                                f"the largest size must be max_batch_size ({self.max_batch_size})")]
+        return []
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One served model: exactly one source, its workers and its policy."""
 
@@ -127,6 +151,8 @@ class ModelConfig:
     tf: TfConfig = setting(Section(TfConfig), None, "TensorFlow runtime settings.")
     policy: PolicyConfig = setting(
         Section(PolicyConfig), None, "Recycling policy (over defaults.policy).")
+    batching: BatchingConfig = setting(
+        Section(BatchingConfig), None, "Dynamic batching.")
 
     def check(self, path: str) -> list[ConfigError]:
         sources = [s for s in ("saved_model", "keras", "handler") if getattr(self, s)]
@@ -138,6 +164,12 @@ class ModelConfig:
             return [ConfigError(f"{path}.handler",
                                 f'expected "module:factory", got "{self.handler}"')]
         return []
+
+    @functools.cached_property
+    def batch_policy(self) -> BatchPolicy:
+        b = self.batching
+        return BatchPolicy.from_config(b.max_batch_size, b.batch_timeout_ms,
+                                       b.allowed_batch_sizes)
 
     @property
     def source(self) -> tuple[str, str]:
@@ -413,6 +445,7 @@ def config_reference() -> str:
                 ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
                  "`keras`, `handler`. Relative paths are relative to the config file."),
                 ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
+                ("models.NAME.batching", BatchingConfig, BatchingConfig.__doc__ or ""),
                 ("models.NAME.policy", PolicyConfig, "When a worker must go. Any key may also "
                  "be set under `defaults.policy`, which applies to every model and is "
                  "overridden by the model's own `policy`. See docs/policy.md.")]
@@ -425,7 +458,7 @@ def config_reference() -> str:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]
         for key, expected, default, help_text in describe(cls):
-            if key in ("tf", "policy", "curve"):
+            if key in ("tf", "policy", "curve", "batching"):
                 continue
             lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
         lines.append("")

@@ -55,8 +55,14 @@ class Controller:
                 "available": not state.unavailable,
                 "last_error": state.last_error,
                 "inputs": specs_to_wire(state.inputs),
+                "batches": self._batches(name, state.config.batching.max_batch_size),
             }
         return {"serving": self.serving(), "models": models}
+
+    def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
+        count, rows = self.router.batches.get(model, (0, 0))
+        return {"max_batch_size": max_batch_size, "sent": count,
+                "mean_rows": round(rows / count, 2) if count else None}
 
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()

@@ -18,6 +18,7 @@ import zmq
 
 from supervisor import logs, security
 from supervisor import reload as reloading
+from supervisor.batching import job_rows, next_deadline
 from supervisor.config import Config, load_config
 from supervisor.control import Controller
 from supervisor.exitcodes import describe_exit
@@ -197,7 +198,7 @@ class Daemon:
             poller.register(self.zap.zap_socket, zmq.POLLIN)
         try:
             while not self._finished():
-                ready = dict(poller.poll(int(MAX_SLEEP * 1000)))
+                ready = dict(poller.poll(self._sleep_ms()))
                 self._handle_signals(self.signals.take())
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)
@@ -212,6 +213,17 @@ class Daemon:
             self._close()
         log.info("supervisor_stopped")
         return 0
+
+    def _sleep_ms(self) -> int:
+        """Until the next partial batch stops waiting, at most MAX_SLEEP."""
+        now = self.clock()
+        wake = now + MAX_SLEEP
+        for model, state in self.pool.models.items():
+            queue = self.router.queues.get(model)
+            deadline = next_deadline(queue, state.config.batch_policy) if queue else None
+            if deadline is not None and deadline > now:  # past ones wait for a free worker,
+                wake = min(wake, deadline)  # whose answer wakes the loop anyway
+        return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
         for _ in range(BATCH_READS):
@@ -233,9 +245,9 @@ class Daemon:
         self._enforce_job_timeouts(now)
         self._fail_unavailable()
         self.router.expire(now)
-        for model in self.pool.models:
+        for model, state in self.pool.models.items():
             ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
-            self.router.dispatch(model, ready, now)
+            self.router.dispatch(model, ready, now, state.config.batch_policy)
         self._report(now)
         if self.shutdown_started is not None:
             self._shutdown_progress(now)
@@ -245,13 +257,18 @@ class Daemon:
     def _reply(self, job: Job, msg: Message) -> None:
         self.frontend.send_multipart([*job.envelope, *encode(msg)], copy=False)
 
-    def _send_job(self, worker_id: str, job: Job) -> None:
-        if job.dispatched_at is not None:
-            self.metrics.queue_wait.labels(job.model).observe(job.dispatched_at - job.received_at)
-        self.metrics.batch_size.labels(job.model).observe(_rows(job))
-        header = {"inputs": job.inputs}
-        frames = encode(Message(JOB, str(job.id).encode(), header, job.arrays))
-        self.backend.send_multipart([worker_id.encode(), *frames], copy=False)
+    def _send_job(self, worker_id: str, batch: list[Job], pad_to: int) -> None:
+        """One message per batch; the jobs' array frames pass through without a copy."""
+        model = batch[0].model
+        for job in batch:
+            if job.dispatched_at is not None:
+                self.metrics.queue_wait.labels(model).observe(job.dispatched_at - job.received_at)
+        self.metrics.batch_size.labels(model).observe(sum(job_rows(j) for j in batch))
+        header = {"jobs": [{"id": str(j.id), "inputs": j.inputs} for j in batch],
+                  "pad_to": pad_to}
+        frames = [frame for job in batch for frame in job.arrays]
+        self.backend.send_multipart([worker_id.encode(), *encode(Message(JOB, b"", header,
+                                                                          frames))], copy=False)
 
     def _send_worker(self, worker_id: str, msg: Message) -> None:
         self.backend.send_multipart([worker_id.encode(), *encode(msg)], copy=False)
@@ -293,7 +310,7 @@ class Daemon:
             return
         self.router.submit(job)
         self.router.dispatch(job.model, [(w.id, w.jobs) for w in self.pool.ready(job.model)],
-                             now)
+                             now, state.config.batch_policy)
 
     def _refuse(self, envelope: list[Frame], job_id: bytes, code: str, message: str,
                 model: object) -> None:
@@ -576,12 +593,6 @@ class Daemon:
                          self.config.backend):
             if endpoint.startswith("ipc://"):
                 Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
-
-
-def _rows(job: Job) -> int:
-    """Rows in a job: the first dimension of its first input (1 for scalars)."""
-    shape = job.inputs[0].get("shape") if job.inputs else None
-    return int(shape[0]) if isinstance(shape, list) and shape else 1
 
 
 def _job_id_of(body: list[Frame]) -> bytes:

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from supervisor.batching import BatchPolicy, job_rows, take_batch
 from supervisor.protocol import (
     DEADLINE_EXCEEDED,
     OVERLOADED,
@@ -34,10 +35,12 @@ class Job:
     worker: str | None = None
     dispatched_at: float | None = None
     crashed_workers: list[str] = field(default_factory=list)
+    solo: bool = False  # was in a batch whose worker died: never batched again
 
 
+UNBATCHED = BatchPolicy()
 ReplyFn = Callable[[Job, Message], None]
-SendJobFn = Callable[[str, Job], None]
+SendJobFn = Callable[[str, list[Job], int], None]  # worker id, batch, rows to pad up to
 
 
 class Router:
@@ -49,6 +52,7 @@ class Router:
         self._observe = observe  # sees every answer: metrics
         self.queues: dict[str, deque[Job]] = {}
         self.inflight: dict[int, Job] = {}
+        self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -84,9 +88,10 @@ class Router:
             return
         queue.append(job)
 
-    def dispatch(self, model: str, ready: Iterable[tuple[str, int]], now: float) -> int:
-        """Send queued jobs to idle workers. ``ready`` is (worker id, jobs done) of the model's
-        ready workers; the least used idle worker goes first, so load spreads evenly."""
+    def dispatch(self, model: str, ready: Iterable[tuple[str, int]], now: float,
+                 policy: BatchPolicy = UNBATCHED) -> int:
+        """Send queued jobs, batched, to idle workers. ``ready`` is (worker id, jobs done) of
+        the model's ready workers; the least used idle worker goes first, so load spreads."""
         queue = self.queues.get(model)
         if not queue:
             return 0
@@ -94,24 +99,19 @@ class Router:
         idle = sorted((jobs, wid) for wid, jobs in ready if wid not in busy)
         sent = 0
         for _, worker_id in idle:
-            job = self._next_live(queue, now)
-            if job is None:
+            batch = take_batch(queue, policy, now)
+            if not batch:
                 break
-            job.worker, job.dispatched_at = worker_id, now
-            job.attempts += 1
-            self.inflight[job.id] = job
-            self._send_job(worker_id, job)
-            sent += 1
+            rows = sum(job_rows(job) for job in batch)
+            for job in batch:
+                job.worker, job.dispatched_at = worker_id, now
+                job.attempts += 1
+                self.inflight[job.id] = job
+            count, total = self.batches.get(model, (0, 0))
+            self.batches[model] = (count + 1, total + rows)
+            self._send_job(worker_id, batch, policy.pad_to(rows))
+            sent += len(batch)
         return sent
-
-    def _next_live(self, queue: deque[Job], now: float) -> Job | None:
-        """Pop the next job whose deadline has not passed; expired ones are answered."""
-        while queue:
-            job = queue.popleft()
-            if job.deadline is None or now < job.deadline:
-                return job
-            self._expired(job, now)
-        return None
 
     def _expired(self, job: Job, now: float) -> None:
         self.fail(job, DEADLINE_EXCEEDED, f"deadline passed {now - job.received_at:.3f}s after "
@@ -132,7 +132,8 @@ class Router:
         ``blame_jobs`` false (we killed the worker for its memory, say) the try is not
         counted against the jobs. Returns (requeued, failed)."""
         requeued = failed = 0
-        for job in sorted(self.held_by(worker_id), key=lambda j: j.id, reverse=True):
+        held = self.held_by(worker_id)
+        for job in sorted(held, key=lambda j: j.id, reverse=True):
             del self.inflight[job.id]
             job.worker = job.dispatched_at = None
             if not blame_jobs:
@@ -141,6 +142,9 @@ class Router:
                 requeued += 1
                 continue
             job.crashed_workers.append(worker_id)
+            # Which job of a batch killed the worker is unknown: each runs alone from now on,
+            # so a poison input fails by itself and its batch mates go through.
+            job.solo = job.solo or len(held) > 1
             if job.attempts >= max_attempts:
                 self.fail(job, WORKER_CRASHED, f"{why}; the job was tried on {job.attempts} "
                           f"worker(s) ({', '.join(job.crashed_workers)}), each lost — possibly a "

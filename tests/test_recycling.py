@@ -109,7 +109,7 @@ def leaky_config(trend: bool = True) -> dict[str, Any]:
     return {"supervisor": {"poll_interval": f"{POLL}s"}, "models": {
         "leaky": {"handler": "worker.handlers:leak", "workers": 2,
                   "options": {"bytes_per_job": LEAK_PER_JOB, "delay": JOB_DELAY},
-                  "policy": policy},
+                  "policy": policy, "batching": {"max_batch_size": 1}},
         "steady": {"handler": "worker.handlers:echo", "workers": 2,
                    "options": {"delay": JOB_DELAY}, "policy": policy},
     }}
@@ -164,7 +164,7 @@ def test_without_surge_the_old_worker_drains_first(supervisor_factory: Any) -> N
 
 def test_kill_memory_kills_at_once_and_loses_nothing(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
-        "handler": "worker.handlers:leak", "workers": 2,
+        "handler": "worker.handlers:leak", "workers": 2, "batching": {"max_batch_size": 1},
         "options": {"bytes_per_job": 2 * MB, "delay": 0.01},
         "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
                    "max_growth_per_hour": None, "max_attempts": 1}}}})

@@ -40,7 +40,8 @@ def drive(sup: Supervisor, model: str, width: int, stop: threading.Event, failur
 def test_retracing_leak_is_bounded(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"supervisor": {"poll_interval": "0.25s"}, "models": {"rt": {
         "handler": "worker.tf_handlers:retracing", "options": {"width": 32}, "workers": 1,
-        "tf": THREADS, "policy": FAST_CLOCK}}}, wait=True)
+        "tf": THREADS, "policy": FAST_CLOCK,
+        "batching": {"max_batch_size": 1}}}}, wait=True)  # the leak is per call
     stop, failures, counter = threading.Event(), [], [0]
     threads = [threading.Thread(target=drive, args=(sup, "rt", 32, stop, failures, counter))
                for _ in range(2)]

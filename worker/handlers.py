@@ -39,15 +39,16 @@ class Echo:
         self.delay = float(options.get("delay", 0.0))
 
     def __call__(self, inputs: Arrays) -> Arrays:
-        first = next(iter(inputs.values())).ravel()
-        marker = float(first[0]) if first.size else None
-        if marker is not None and marker == self.crash_on:
+        first = next(iter(inputs.values()))
+        # Each row's first element is its marker: a batch may hold several jobs.
+        markers = {float(row.ravel()[0]) for row in first if row.size} if first.ndim else set()
+        if self.crash_on in markers:
             os.kill(os.getpid(), signal.SIGKILL)
-        if marker is not None and marker == self.hang_on:
+        if self.hang_on in markers:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             while True:
                 time.sleep(3600)
-        if marker is not None and marker == self.sleep_on:
+        if self.sleep_on in markers:
             time.sleep(self.sleep_seconds)
         if self.delay:
             time.sleep(self.delay)
@@ -58,7 +59,8 @@ class Echo:
 
 
 class Leak(Echo):
-    """Echo that keeps ``bytes_per_job`` bytes per job forever (touched, so resident)."""
+    """Echo that keeps ``bytes_per_job`` bytes per row forever (touched, so resident): with
+    one row a job, the leak per job does not depend on how jobs are batched."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
@@ -66,7 +68,9 @@ class Leak(Echo):
         self.hoard: list[bytearray] = []
 
     def respond(self, inputs: Arrays) -> Arrays:
-        self.hoard.append(bytearray(b"\x01" * self.bytes_per_job))
+        first = next(iter(inputs.values()))
+        rows = first.shape[0] if first.ndim else 1
+        self.hoard.append(bytearray(b"\x01" * (self.bytes_per_job * rows)))
         return super().respond(inputs)
 
 

@@ -20,23 +20,17 @@ import zmq
 from supervisor import logs
 from supervisor.exitcodes import WorkerExit
 from supervisor.protocol import (
-    BAD_REQUEST,
     ERROR,
-    INTERNAL,
     JOB,
     READY,
-    RESULT,
     STOP,
     Message,
-    ProtocolError,
     TensorSpec,
     decode,
     encode,
-    error_message,
-    pack_arrays,
-    unpack_arrays,
 )
 from worker import runtime
+from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.runners import LoadError, Runner, load, warmup_inputs
 
@@ -152,8 +146,9 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
             if msg.kind == STOP:
                 break
             if msg.kind == JOB:
-                sock.send_multipart(encode(run_job(runner, msg)), copy=False)
-                heartbeat.jobs += 1
+                for reply in run_batch(runner, msg):
+                    sock.send_multipart(encode(reply), copy=False)
+                    heartbeat.jobs += 1
     except Exception as exc:
         log.exception("worker_loop_failed", error=str(exc))
         code = WorkerExit.INTERNAL
@@ -165,43 +160,3 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, Any]] | None:
     return None if specs is None else [s.to_wire() for s in specs]
-
-
-def run_job(runner: Runner, msg: Message) -> Message:
-    """Run one job; any failure becomes an ERROR reply, never a dead worker."""
-    try:
-        inputs = unpack_arrays(msg.header.get("inputs"), msg.arrays)
-        check_inputs(runner.inputs, inputs)
-    except ProtocolError as exc:
-        return error_message(msg.job_id, BAD_REQUEST, str(exc))
-    try:
-        outputs = runner(inputs)
-        check_outputs(inputs, outputs)
-        specs, frames = pack_arrays(outputs)
-    except Exception as exc:
-        code = BAD_REQUEST if type(exc).__name__ == "InvalidArgumentError" else INTERNAL
-        return error_message(msg.job_id, code, f"model raised {type(exc).__name__}: {exc}")
-    return Message(RESULT, msg.job_id, {"outputs": specs}, frames)
-
-
-def check_inputs(specs: list[TensorSpec] | None, inputs: dict[str, Any]) -> None:
-    if specs is None:
-        return
-    wanted = {s.name: s for s in specs}
-    if set(wanted) != set(inputs):
-        raise ProtocolError(f"inputs {sorted(inputs)} do not match the model's {sorted(wanted)}")
-    for name, array in inputs.items():
-        got = TensorSpec(name, array.dtype.name, tuple(array.shape))
-        if not wanted[name].accepts(got):
-            raise ProtocolError(f"input {got.describe()} does not fit "
-                                f"{wanted[name].describe()}")
-
-
-def check_outputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
-    if not outputs:
-        raise ValueError("the model returned no outputs")
-    batch = {a.shape[0] for a in inputs.values() if a.ndim}
-    for name, array in outputs.items():
-        if batch and (array.ndim == 0 or array.shape[0] not in batch):
-            raise ValueError(f"output '{name}' has shape {array.shape}, whose first dimension "
-                             f"is not the batch size {sorted(batch)}")

@@ -1,0 +1,105 @@
+"""Dynamic batching, supervisor side: which queued jobs go together, and to what size.
+
+Jobs combine when every input has the same name, dtype and shape past the first (batch)
+dimension. The queue head decides; later jobs that fit join it in arrival order, up to
+``max_batch_size`` rows. A partial batch waits up to ``batch_timeout`` for more jobs (0:
+dispatch at once, so an idle service adds no latency and batches form only under load).
+The batch is padded up to the next allowed size, which bounds the number of distinct shapes
+a model ever sees (and with it TF's per-shape memory growth).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.router import Job
+
+# Queued jobs looked at past the head when filling a batch: bounds the work per dispatch.
+SCAN_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int = 1
+    timeout: float = 0.0  # seconds a partial batch may wait
+    allowed: tuple[int, ...] = (1,)  # sizes a batch is padded up to (ascending)
+
+    @classmethod
+    def from_config(cls, max_batch_size: int, timeout_ms: float,
+                    allowed: tuple[int, ...] | None) -> BatchPolicy:
+        sizes = tuple(sorted(set(allowed))) if allowed else powers_of_two(max_batch_size)
+        return cls(max_batch_size, timeout_ms / 1000.0, sizes)
+
+    def pad_to(self, rows: int) -> int:
+        """The smallest allowed size holding ``rows``; ``rows`` itself past the largest."""
+        return next((size for size in self.allowed if size >= rows), rows)
+
+
+def powers_of_two(limit: int) -> tuple[int, ...]:
+    sizes = [1]
+    while sizes[-1] * 2 < limit:
+        sizes.append(sizes[-1] * 2)
+    if sizes[-1] != limit:
+        sizes.append(limit)
+    return tuple(sizes)
+
+
+def job_key(job: Job) -> tuple[Any, ...]:
+    """What must match for two jobs to share a batch."""
+    return tuple((s.get("name"), s.get("dtype"), tuple(_shape(s)[1:])) for s in job.inputs)
+
+
+def job_rows(job: Job) -> int:
+    shape = _shape(job.inputs[0]) if job.inputs else []
+    return int(shape[0]) if shape else 1
+
+
+def _shape(spec: dict[str, Any]) -> list[int]:
+    shape = spec.get("shape")
+    return list(shape) if isinstance(shape, list) else []
+
+
+def _live(queue: deque[Job], now: float) -> Iterator[Job]:
+    """Queued jobs whose deadline has not passed (expired ones are answered elsewhere)."""
+    for index, job in enumerate(queue):
+        if index > SCAN_LIMIT:
+            return
+        if job.deadline is None or now < job.deadline:
+            yield job
+
+
+def take_batch(queue: deque[Job], policy: BatchPolicy, now: float) -> list[Job]:
+    """Remove and return the next batch, or [] if there is none or it should wait."""
+    candidates = _live(queue, now)
+    head = next(candidates, None)
+    if head is None:
+        return []
+    batch, rows = [head], job_rows(head)
+    if policy.max_batch_size > 1 and rows <= policy.max_batch_size and not head.solo:
+        key = job_key(head)
+        for job in candidates:
+            if rows >= policy.max_batch_size:
+                break
+            if not job.solo and job_key(job) == key and \
+                    rows + job_rows(job) <= policy.max_batch_size:
+                batch.append(job)
+                rows += job_rows(job)
+        waiting = now < head.received_at + policy.timeout
+        if rows < policy.max_batch_size and waiting:
+            return []
+    taken = {id(job) for job in batch}
+    kept = [job for job in queue if id(job) not in taken]
+    queue.clear()
+    queue.extend(kept)
+    return batch
+
+
+def next_deadline(queue: deque[Job], policy: BatchPolicy) -> float | None:
+    """When the head's partial batch stops waiting (None: nothing waits)."""
+    if not queue or policy.timeout <= 0:
+        return None
+    return queue[0].received_at + policy.timeout
