@@ -6,7 +6,7 @@ CONFIG ?= config.yaml
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow || echo tensorflow-cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: run test lint unit install clean
+.PHONY: run test lint unit bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,7 +27,7 @@ run: $(STAMP) models/demo/saved_model.pb
 	$(VENV)/bin/tfsupervisor run -c $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check supervisor worker tests
+	$(VENV)/bin/ruff check supervisor worker tests bench
 	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
@@ -36,6 +36,15 @@ test: $(STAMP) lint
 # The fast half: no TensorFlow process is started.
 unit: $(STAMP)
 	$(PY) -m pytest -q -m "not tf"
+
+# Benchmarks (minutes; not part of the tests): results in bench/results/, quoted by
+# docs/performance.md. `make bench BENCH_ARGS=--quick` for a fast pass.
+bench: $(STAMP)
+	$(PY) -m bench.roundtrip $(BENCH_ARGS)
+	$(PY) -m bench.throughput $(BENCH_ARGS)
+	$(PY) -m bench.mlp $(BENCH_ARGS)
+	$(PY) -m bench.leak_bound $(BENCH_ARGS)
+	$(PY) -m bench.footprint $(BENCH_ARGS)
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -33,6 +33,7 @@ from supervisor.protocol import (
     ERROR,
     HEARTBEAT,
     INFER,
+    INTERNAL_HOP,
     JOB,
     MODELS,
     OVERLOADED,
@@ -346,7 +347,7 @@ class Daemon:
 
     def _on_backend(self, frames: list[Frame]) -> None:
         identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
-        msg = decode(frames[1:])
+        msg = decode(frames[1:], INTERNAL_HOP)
         now = self.clock()
         if msg.kind == HEARTBEAT:
             self.pool.heartbeat(str(msg.header.get("worker")), msg.header, now)

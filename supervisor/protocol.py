@@ -141,6 +141,9 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+# Between the supervisor and its workers: every job was checked at the door already, and a
+# batch of many jobs may hold more arrays and a larger header than one request may.
+INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:

@@ -204,3 +204,25 @@ def test_poison_job_in_a_batch_fails_alone(supervisor_factory: Any) -> None:
     sup.wait_ready(30)
     with sup.client() as client:  # the pool recovered
         assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"].shape == (1, 4)
+
+
+def test_large_batches_of_many_inputs(supervisor_factory: Any) -> None:
+    """32 jobs of 3 arrays each: one batch message of 96 arrays to the worker."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = {name: {"dtype": "float32", "shape": [None, 2]} for name in ("a", "b", "c")}
+    sup = supervisor_factory({"models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 1,
+        "options": {"inputs": inputs, "delay": 0.3},
+        "batching": {"max_batch_size": 32, "batch_timeout_ms": 100}}}})
+    client = sup.client()
+
+    def one(i: int) -> bool:
+        arrays = {n: np.full((1, 2), i, np.float32) for n in ("a", "b", "c")}
+        out = client.infer("m", arrays)
+        return all(float(out[n][0, 0]) == i for n in ("a", "b", "c"))
+
+    with ThreadPoolExecutor(32) as pool:
+        assert all(pool.map(one, range(64)))
+    client.close()
+    assert sup.status()["models"]["m"]["batches"]["mean_rows"] > 4

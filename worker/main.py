@@ -21,6 +21,7 @@ from supervisor import logs
 from supervisor.exitcodes import WorkerExit
 from supervisor.protocol import (
     ERROR,
+    INTERNAL_HOP,
     JOB,
     READY,
     STOP,
@@ -35,6 +36,7 @@ from worker.heartbeat import Heartbeat
 from worker.runners import LoadError, Runner, load, warmup_inputs
 
 ENV_SPEC = "TFSUPERVISOR_WORKER"
+
 PR_SET_PDEATHSIG = 1
 
 log = logs.get("worker")
@@ -142,7 +144,7 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
         while not stop.set:
             if not sock.poll(200):
                 continue
-            msg = decode(sock.recv_multipart(copy=False))
+            msg = decode(sock.recv_multipart(copy=False), INTERNAL_HOP)
             if msg.kind == STOP:
                 break
             if msg.kind == JOB:

@@ -1,0 +1,52 @@
+"""Shared pieces of the benchmarks: percentiles, machine description, results files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    """p50 / p99 / mean in milliseconds."""
+    if not latencies:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan")}
+    values = np.array(latencies) * 1000
+    return {"p50_ms": round(float(np.percentile(values, 50)), 3),
+            "p99_ms": round(float(np.percentile(values, 99)), 3),
+            "mean_ms": round(float(values.mean()), 3)}
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30),
+            "processor": platform.processor() or platform.machine(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def write(name: str, result: dict[str, Any], table: list[list[Any]], out: Path | None = None,
+          notes: str = "") -> Path:
+    """Write NAME.json and NAME.md (a markdown table) under ``out``."""
+    out = out or RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "machine": machine(), **result}
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    header, *rows = table
+    lines = [f"### {name}", "", f"Machine: {payload['machine']['cpus']} CPUs, "
+             f"{payload['machine']['memory_gib']} GiB, Python {payload['machine']['python']}, "
+             f"{payload['machine']['date']}.", "",
+             "| " + " | ".join(str(h) for h in header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    if notes:
+        lines += ["", notes]
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    return out / f"{name}.json"

@@ -1,0 +1,53 @@
+"""Smoke tests: every benchmark runs end to end at tiny sizes and writes its results, so
+none can rot. No timing is asserted here; the figures live in bench/results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import footprint, roundtrip, throughput
+
+
+def _written(out: Path, name: str) -> dict[str, object]:
+    assert (out / f"{name}.md").read_text().startswith(f"### {name}")
+    result: dict[str, object] = json.loads((out / f"{name}.json").read_text())
+    assert result["benchmark"] == name and "machine" in result
+    return result
+
+
+def test_roundtrip_smoke(tmp_path: Path) -> None:
+    roundtrip.run(50, tmp_path)
+    result = _written(tmp_path, "roundtrip")
+    assert float(str(result["ratio_p50"])) > 0
+
+
+def test_throughput_smoke(tmp_path: Path) -> None:
+    throughput.run(1.0, 1, 8, tmp_path)
+    result = _written(tmp_path, "throughput")
+    assert int(str(result["jobs"])) > 0 and result["errors"] == 0
+
+
+def test_footprint_smoke(tmp_path: Path) -> None:
+    footprint.run(2.0, 1.0, tmp_path)
+    result = _written(tmp_path, "footprint")
+    assert int(str(result["jobs"])) > 0
+
+
+@pytest.mark.tf
+def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    from bench import leak_bound, mlp
+
+    model = mlp.build_model()
+    mlp.throughput(model, 1.5, tmp_path)
+    result = _written(tmp_path, "mlp_throughput")
+    assert set(result["results"]) == {  # type: ignore[arg-type]
+        "tfsupervisor, batching", "tfsupervisor, no batching",
+        "in-process loop, 1 request per call", "gunicorn sync x2, max_requests 1000"}
+    mlp.recycle_under_load(model, 3.0, tmp_path)
+    _written(tmp_path, "recycle_under_load")
+    leak_bound.run(8.0, tmp_path, quick=True)
+    assert (tmp_path / "leak_bound.png").stat().st_size > 10_000
