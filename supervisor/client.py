@@ -35,6 +35,7 @@ from supervisor.protocol import (
     decode,
     encode,
     pack_arrays,
+    send,
     unpack_arrays,
 )
 from supervisor.security import make_curve_client
@@ -173,21 +174,24 @@ class _Link:
             make_curve_client(self.sock, *curve)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(endpoint)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.send_wait = -1
 
     def exchange(self, msg: Message, deadline: float) -> Message:
         while self.monitor.poll(0):  # old news: only a drop after our send matters
             self.monitor.recv_multipart()
-        wait = min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
-        self.sock.setsockopt(zmq.SNDTIMEO, int(wait * 1000) + 1)
+        wait = int(min(CONNECT_WAIT, max(0.001, deadline - time.monotonic())) * 1000) + 1
+        if wait != self.send_wait:  # a socket option costs a system call: set on change
+            self.sock.setsockopt(zmq.SNDTIMEO, wait)
+            self.send_wait = wait
         try:
-            self.sock.send_multipart(encode(msg), copy=False)
+            send(self.sock, encode(msg))
         except zmq.Again:
             raise _NotSent from None
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
         while (left := deadline - time.monotonic()) > 0:
-            ready = dict(poller.poll(int(left * 1000) + 1))
+            ready = dict(self.poller.poll(int(left * 1000) + 1))
             if self.monitor in ready:
                 self.monitor.recv_multipart()
                 raise _Lost

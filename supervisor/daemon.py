@@ -49,6 +49,7 @@ from supervisor.protocol import (
     decode,
     encode,
     error_message,
+    send,
     split_envelope,
 )
 from supervisor.router import Job, Router
@@ -60,6 +61,8 @@ log = logs.get("daemon")
 BATCH_READS = 256
 # The loop wakes at least this often to reap, time out and dispatch.
 MAX_SLEEP = 0.1
+# Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
+HOUSEKEEPING = 0.01
 # While starting, say which workers are still warming up, this often (seconds).
 STARTUP_PROGRESS = 5.0
 
@@ -146,6 +149,7 @@ class Daemon:
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_watchdog = 0.0
         self.next_publish = 0.0
+        self.next_housekeeping = 0.0
         self.next_progress = clock() + STARTUP_PROGRESS
         self.errors = ErrorSummary()
 
@@ -238,41 +242,46 @@ class Daemon:
                 log.exception("message_handling_failed")
 
     def tick(self, now: float) -> None:
-        for worker, code in self.pool.reap(now):
-            self._lost(worker, code)
-        self.pool.maintain(now)
-        self.monitor.tick(now)
-        self._drain_progress(now)
-        self._enforce_job_timeouts(now)
-        self._fail_unavailable()
-        self.router.expire(now)
-        for model, state in self.pool.models.items():
+        """After every wake-up: dispatch. Housekeeping (reaping, time limits, policy, reports)
+        at most every HOUSEKEEPING seconds, so a busy loop spends its time on jobs."""
+        if now >= self.next_housekeeping:
+            self.next_housekeeping = now + HOUSEKEEPING
+            for worker, code in self.pool.reap(now):
+                self._lost(worker, code)
+            self.pool.maintain(now)
+            self.monitor.tick(now)
+            self._drain_progress(now)
+            self._enforce_job_timeouts(now)
+            self._fail_unavailable()
+            self.router.expire(now)
+            self._report(now)
+            if self.shutdown_started is not None:
+                self._shutdown_progress(now)
+        for model in self.pool.models:
+            self._dispatch(model, now)
+
+    def _dispatch(self, model: str, now: float) -> None:
+        queue = self.router.queues.get(model)
+        if queue:
             ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
-            self.router.dispatch(model, ready, now, state.config.batch_policy)
-        self._report(now)
-        if self.shutdown_started is not None:
-            self._shutdown_progress(now)
+            self.router.dispatch(model, ready, now, self.pool.models[model].config.batch_policy)
 
     # --- sockets out ---------------------------------------------------------------------
 
     def _reply(self, job: Job, msg: Message) -> None:
-        self.frontend.send_multipart([*job.envelope, *encode(msg)], copy=False)
+        send(self.frontend, [*job.envelope, *encode(msg)])
 
     def _send_job(self, worker_id: str, batch: list[Job], pad_to: int) -> None:
         """One message per batch; the jobs' array frames pass through without a copy."""
-        model = batch[0].model
-        for job in batch:
-            if job.dispatched_at is not None:
-                self.metrics.queue_wait.labels(model).observe(job.dispatched_at - job.received_at)
-        self.metrics.batch_size.labels(model).observe(sum(job_rows(j) for j in batch))
+        self.metrics.batch(batch[0].model, sum(job_rows(j) for j in batch),
+                           [(j.dispatched_at or j.received_at) - j.received_at for j in batch])
         header = {"jobs": [{"id": str(j.id), "inputs": j.inputs} for j in batch],
                   "pad_to": pad_to}
         frames = [frame for job in batch for frame in job.arrays]
-        self.backend.send_multipart([worker_id.encode(), *encode(Message(JOB, b"", header,
-                                                                          frames))], copy=False)
+        send(self.backend, [worker_id.encode(), *encode(Message(JOB, b"", header, frames))])
 
     def _send_worker(self, worker_id: str, msg: Message) -> None:
-        self.backend.send_multipart([worker_id.encode(), *encode(msg)], copy=False)
+        send(self.backend, [worker_id.encode(), *encode(msg)])
 
     # --- frontend ------------------------------------------------------------------------
 
@@ -310,8 +319,7 @@ class Daemon:
             self.router.fail(job, UNAVAILABLE, self._unavailable_message(job.model))
             return
         self.router.submit(job)
-        self.router.dispatch(job.model, [(w.id, w.jobs) for w in self.pool.ready(job.model)],
-                             now, state.config.batch_policy)
+        self._dispatch(job.model, now)
 
     def _refuse(self, envelope: list[Frame], job_id: bytes, code: str, message: str,
                 model: object) -> None:
@@ -320,7 +328,7 @@ class Daemon:
         self._send_client(envelope, error_message(job_id, code, message))
         served = isinstance(model, str) and model in self.pool.models
         label = model if served and isinstance(model, str) else "-"
-        self.metrics.jobs.labels(label, code).inc()
+        self.metrics.job(label, code, None)
         self.errors.count(label, code, self.clock())
 
     @property
@@ -329,7 +337,7 @@ class Daemon:
         return Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
 
     def _send_client(self, envelope: list[Frame], msg: Message) -> None:
-        self.frontend.send_multipart([*envelope, *encode(msg)], copy=False)
+        send(self.frontend, [*envelope, *encode(msg)])
 
     def _models_header(self) -> dict[str, Any]:
         models = {}
@@ -493,8 +501,7 @@ class Daemon:
 
     def _observe(self, job: Job, msg: Message) -> None:
         outcome = "ok" if msg.kind == RESULT else str(msg.header.get("code", "error"))
-        self.metrics.jobs.labels(job.model, outcome).inc()
-        self.metrics.latency.labels(job.model).observe(self.clock() - job.received_at)
+        self.metrics.job(job.model, outcome, self.clock() - job.received_at)
         if outcome != "ok":
             self.errors.count(job.model, outcome, self.clock())
 

@@ -9,8 +9,10 @@ names do under Kubernetes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -62,6 +64,22 @@ class Metrics(Collector):
                                     ["model"], buckets=BATCH_BUCKETS, registry=self.registry)
         ProcessCollector(namespace="tfsupervisor", registry=self.registry)
         self.registry.register(self)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one Metrics per process, bounded
+    def _child(self, family: str, *labels: str) -> Any:
+        """labels() resolved once per label set: it is on every job's path."""
+        return getattr(self, family).labels(*labels)
+
+    def job(self, model: str, outcome: str, latency: float | None) -> None:
+        self._child("jobs", model, outcome).inc()
+        if latency is not None:
+            self._child("latency", model).observe(latency)
+
+    def batch(self, model: str, rows: int, waits: list[float]) -> None:
+        self._child("batch_size", model).observe(rows)
+        queue_wait = self._child("queue_wait", model)
+        for wait in waits:
+            queue_wait.observe(wait)
 
     def serve(self, address: str) -> None:
         host, _, port = address.rpartition(":")

@@ -146,6 +146,13 @@ DEFAULT_LIMITS = Limits()
 INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
+def send(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
+    """send_multipart, zero-copy only when a frame is large: for small frames pyzmq's
+    copying path is faster than building Frame objects."""
+    large = any(len(f) >= ZERO_COPY_MIN for f in frames)
+    sock.send_multipart(frames, copy=not large)
+
+
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse frames into a Message; raise ProtocolError on anything malformed."""
     if len(frames) < 4:

@@ -29,6 +29,7 @@ from supervisor.protocol import (
     TensorSpec,
     decode,
     encode,
+    send,
 )
 from worker import runtime
 from worker.batch import run_batch
@@ -149,7 +150,7 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
                 break
             if msg.kind == JOB:
                 for reply in run_batch(runner, msg):
-                    sock.send_multipart(encode(reply), copy=False)
+                    send(sock, encode(reply))
                     heartbeat.jobs += 1
     except Exception as exc:
         log.exception("worker_loop_failed", error=str(exc))
