@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from bench.common import write
 from supervisor.client import Client, JobError
 from supervisor.testing import start_supervisor
 
@@ -91,8 +92,16 @@ def run(seconds: float, out: Path, quick: bool) -> dict[str, Any]:
         sup.stop()
     result = summarise(samples, stats, recycles, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "leak_bound.json").write_text(json.dumps({**result, "samples": samples}, indent=1))
+    (out / "leak_bound_samples.json").write_text(json.dumps(samples))
     plot(samples, result, out / "leak_bound.png")
+    write("leak_bound", result, [
+        ["retracing leak, 1 worker", "start RSS MiB", "peak RSS MiB", "growth MiB", "jobs",
+         "failed", "recycles"],
+        *[[name, result["start_rss_mb"][key], result["peak_rss_mb"][key],
+           result["growth_mb"][key], stats[key]["ok"], stats[key]["failed"],
+           sum(recycles.values()) if key == "bounded" else 0]
+          for name, key in (("with tfsupervisor", "bounded"), ("without", "unbounded"))]],
+        out, f"{seconds:g} s under load, 2 client threads each; plot: leak_bound.png.")
     return result
 
 
