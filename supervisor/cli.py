@@ -42,9 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.daemon import Daemon
 
     config = _load(args.config)
-    logs.configure(config.supervisor.log_level, args.log_format)
+    log_format = args.log_format or config.supervisor.log_format
+    logs.configure(config.supervisor.log_level, log_format)
     daemon = Daemon(config)
-    daemon.pool.log_format = args.log_format
+    daemon.pool.log_format = log_format
     return daemon.run()
 
 
@@ -178,7 +179,8 @@ def render_status(report: dict[str, Any]) -> str:
         for w in model["workers"]:
             growth_1k = _signed(w.get("growth_per_1k_jobs"))
             growth_h = _signed(w.get("growth_per_hour"))
-            note = w.get("recycle_reason") or ("" if w.get("warmed_up") else "warming up")
+            note = w.get("recycle_reason") or ("" if w.get("warmed_up") else
+                                               "policy warm-up")
             rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w.get("memory")),
                          growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
                          format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
@@ -279,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     run = add("run", cmd_run, "Run the supervisor in the foreground.")
-    run.add_argument("--log-format", choices=("auto", "console", "json"), default="auto")
+    run.add_argument("--log-format", choices=("auto", "console", "json"), default=None,
+                     help="override supervisor.log_format")
     add("check", cmd_check, "Validate a config file; exit 1 on any error.")
     infer = add("infer", cmd_infer, "Submit one job and print its outputs.")
     infer.add_argument("model")

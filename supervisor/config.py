@@ -238,6 +238,9 @@ class SupervisorSection:
         "ready (systemd READY=1, status --ready); null: all configured workers.")
     log_level: str = setting(
         Choice("debug", "info", "warning", "error"), "info", "Lowest log level written.")
+    log_format: str = setting(
+        Choice("auto", "console", "json"), "auto", "console on a terminal and JSON lines "
+        "otherwise (auto), or either always; `run --log-format` overrides it.")
     curve: CurveConfig = setting(
         Section(CurveConfig), None, "CURVE keys; required for TCP beyond loopback.")
     insecure: bool = setting(

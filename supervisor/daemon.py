@@ -59,8 +59,9 @@ log = logs.get("daemon")
 
 # Messages read from one socket per loop turn, so no socket starves the others.
 BATCH_READS = 256
-# The loop wakes at least this often to reap, time out and dispatch.
-MAX_SLEEP = 0.1
+# The loop wakes at least this often for housekeeping (messages, signals and deadlines wake
+# it sooner): rarely enough to cost nothing when idle.
+MAX_SLEEP = 0.5
 # Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
 HOUSEKEEPING = 0.01
 # While starting, say which workers are still warming up, this often (seconds).
@@ -220,14 +221,20 @@ class Daemon:
         return 0
 
     def _sleep_ms(self) -> int:
-        """Until the next partial batch stops waiting, at most MAX_SLEEP."""
+        """Until the next partial batch stops waiting or queued job expires, at most
+        MAX_SLEEP."""
         now = self.clock()
         wake = now + MAX_SLEEP
         for model, state in self.pool.models.items():
             queue = self.router.queues.get(model)
-            deadline = next_deadline(queue, state.config.batch_policy) if queue else None
-            if deadline is not None and deadline > now:  # past ones wait for a free worker,
-                wake = min(wake, deadline)  # whose answer wakes the loop anyway
+            if not queue:
+                continue
+            deadlines = [next_deadline(queue, state.config.batch_policy),
+                         min((j.deadline for j in queue if j.deadline is not None),
+                             default=None)]
+            for deadline in deadlines:
+                if deadline is not None and deadline > now:  # past ones wait for a free
+                    wake = min(wake, deadline)  # worker, whose answer wakes the loop
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:

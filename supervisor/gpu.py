@@ -37,10 +37,12 @@ class VramReader:
                 self._once("no_nvml", "nvidia-ml-py is not installed: VRAM is not read")
                 return False
             except Exception as exc:  # NVMLError and friends: no driver, no permission
-                self._once("nvml_init", f"NVML unavailable, VRAM is not read: {exc}")
+                expected = "Library Not Found" in str(exc) or "Driver Not Loaded" in str(exc)
+                self._once("nvml_init", f"NVML unavailable, VRAM is not read: {exc}",
+                           "info" if expected else "warning")  # no GPU here: nothing wrong
                 return False
             if count == 0:
-                self._once("no_gpu", "NVML finds no GPU: VRAM is not read")
+                self._once("no_gpu", "NVML finds no GPU: VRAM is not read", "info")
                 return False
             self._state = "ready"
         return self._state == "ready"
@@ -70,7 +72,7 @@ class VramReader:
                        "differs from the driver's (see docs/operations.md)")
         return used
 
-    def _once(self, key: str, message: str) -> None:
+    def _once(self, key: str, message: str, level: str = "warning") -> None:
         if key not in self._warned:
             self._warned.add(key)
-            log.warning("vram_unavailable", reason=key, detail=message)
+            getattr(log, level)("vram_unavailable", reason=key, detail=message)

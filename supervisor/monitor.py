@@ -21,7 +21,7 @@ from supervisor.history import Sample
 from supervisor.policy import Action, Verdict, WorkerFacts, evaluate, pressure_victim
 from supervisor.pool import ModelState, Pool, State, WorkerHandle
 from supervisor.router import Router
-from supervisor.sampling import read_memory
+from supervisor.sampling import Descendants, read_memory
 
 log = logs.get("monitor")
 
@@ -60,6 +60,7 @@ class Monitor:
         self.host_available = host_available
         self.next_poll = 0.0
         self.requested: dict[str, str] = {}  # worker id -> reason (manual, reload)
+        self.descendants = Descendants()
 
     # --- sampling ------------------------------------------------------------------------
 
@@ -76,9 +77,10 @@ class Monitor:
 
     def sample(self, workers: list[WorkerHandle], now: float) -> None:
         vram = self.vram.read(w.pid for w in workers)
+        self.descendants.refresh((w.pid for w in self.pool.workers.values()), now)
         for worker in workers:
             metric = self.pool.models[worker.model].config.policy.memory_metric
-            memory = read_memory(worker.pid, metric)
+            memory = read_memory(worker.pid, metric, self.descendants.of(worker.pid))
             if memory is not None:
                 worker.history.add(Sample(now, worker.jobs, memory, vram.get(worker.pid)))
 

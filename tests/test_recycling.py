@@ -215,3 +215,37 @@ def test_status_table_shows_trend_columns(supervisor_factory: Any) -> None:
     assert header[:5] == ["MODEL", "WORKER", "PID", "STATE", "MEMORY"]
     assert {"GROWTH/1K", "GROWTH/H", "VRAM", "JOBS", "AGE"} <= set(header)
     assert "recycles: none" in out.stdout
+
+
+def test_host_pressure_recycles_one_worker_at_a_time(supervisor_factory: Any) -> None:
+    # More "available memory" wanted than any host has: the host is always under pressure.
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s",
+                                             "min_available_memory": "64TiB"},
+                              "models": {"m": {"handler": "worker.handlers:echo",
+                                               "workers": 2}}})
+    with MemoryWatch(sup, "m") as watch:
+        status = sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("host_pressure", 0)
+                              >= 3, 60, "three host-pressure recycles")
+    assert set(status["models"]["m"]["recycles"]) == {"host_pressure"}
+    assert watch.min_ready is not None and watch.min_ready >= 2  # one at a time, surge first
+
+
+def test_drain_timeout_requeues_and_nothing_is_lost(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 1,
+        "options": {"sleep_on": -2.0, "sleep_seconds": 4.0},
+        "policy": {"drain_timeout": "1s", "surge": False}}}})
+    out: dict[str, Any] = {}
+
+    def slow() -> None:
+        with sup.client(timeout=60) as client:
+            out["r"] = client.infer("m", {"x": np.full((1, 4), -2.0, np.float32)})
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    sup.wait_for(lambda s: s["models"]["m"]["in_flight"] == 1, 10, "job in flight")
+    subprocess.run([sys.executable, "-m", "supervisor", "recycle", "-c", str(sup.config_path),
+                    "m"], check=True, capture_output=True, timeout=30)
+    thread.join(60)
+    assert out["r"]["x"][0, 0] == -2.0  # requeued to the replacement and answered there
+    assert '"event": "drain_timeout"' in sup.log()
