@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from supervisor.pool import ModelState
 from supervisor.protocol import (
     BAD_REQUEST,
@@ -10,7 +12,7 @@ from supervisor.protocol import (
     Message,
     ProtocolError,
     TensorSpec,
-    parse_specs,
+    check_arrays,
     unpack_arrays,
 )
 from supervisor.router import Job
@@ -38,29 +40,17 @@ def admit(msg: Message, envelope: list[Frame], models: dict[str, ModelState], jo
     except ProtocolError as exc:
         raise Refusal(exc.code, str(exc)) from None
     if state.inputs is not None:
-        check_against(state.inputs, arrays.items())
+        check_against(state.inputs, arrays)
     return Job(id=job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
                inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                deadline=_deadline(msg.header.get("timeout_ms"), now))
 
 
-def check_against(specs: list[TensorSpec], arrays: object) -> None:
-    wanted = {s.name: s for s in specs}
-    given = dict(arrays)  # type: ignore[call-overload]
-    if set(given) != set(wanted):
-        expected = "; ".join(s.describe() for s in specs)
-        raise Refusal(BAD_REQUEST, f"inputs {sorted(given)} do not match the model's inputs "
-                      f"({expected})")
-    batch = set()
-    for name, array in given.items():
-        got = TensorSpec(name, array.dtype.name, tuple(array.shape))
-        if not wanted[name].accepts(got):
-            raise Refusal(BAD_REQUEST, f"input {got.describe()} does not fit the model's "
-                          f"{wanted[name].describe()}")
-        if array.ndim:
-            batch.add(array.shape[0])
-    if len(batch) > 1:
-        raise Refusal(BAD_REQUEST, f"inputs disagree on the batch size: {sorted(batch)}")
+def check_against(specs: list[TensorSpec], arrays: dict[str, np.ndarray]) -> None:
+    try:
+        check_arrays(specs, arrays)
+    except ProtocolError as exc:
+        raise Refusal(exc.code, str(exc)) from None
 
 
 def _deadline(timeout_ms: object, now: float) -> float | None:
@@ -74,5 +64,3 @@ def _deadline(timeout_ms: object, now: float) -> float | None:
 def specs_to_wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
     return None if specs is None else [s.to_wire() for s in specs]
 
-
-__all__ = ["Refusal", "admit", "check_against", "parse_specs", "specs_to_wire"]

@@ -267,5 +267,24 @@ def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
     return parsed
 
 
+def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray]) -> None:
+    """Arrays against a model's input specs: names, dtypes, shapes, one batch size."""
+    wanted = {s.name: s for s in specs}
+    if set(arrays) != set(wanted):
+        expected = "; ".join(s.describe() for s in specs)
+        raise ProtocolError(f"inputs {sorted(arrays)} do not match the model's inputs "
+                            f"({expected})")
+    batch = set()
+    for name, array in arrays.items():
+        got = TensorSpec(name, array.dtype.name, tuple(array.shape))
+        if not wanted[name].accepts(got):
+            raise ProtocolError(f"input {got.describe()} does not fit the model's "
+                                f"{wanted[name].describe()}")
+        if array.ndim:
+            batch.add(array.shape[0])
+    if len(batch) > 1:
+        raise ProtocolError(f"inputs disagree on the batch size: {sorted(batch)}")
+
+
 def error_message(job_id: bytes, code: str, message: str) -> Message:
     return Message(ERROR, job_id, {"code": code, "message": message})
