@@ -37,7 +37,7 @@ def write(name: str, result: dict[str, Any], table: list[list[Any]], out: Path |
     """Write NAME.json and NAME.md (a markdown table) under ``out``."""
     out = out or RESULTS
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine(), **result}
+    payload = {"benchmark": name, **result, "machine": machine()}
     (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
     header, *rows = table
     lines = [f"### {name}", "", f"Machine: {payload['machine']['cpus']} CPUs, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import threading
 import time
 from pathlib import Path
@@ -112,8 +111,7 @@ def summarise(samples: list[dict[str, Any]], stats: dict[str, dict[str, int]],
 
     first = {m: next((s["rss"] for s in samples if s["model"] == m), 0)
              for m in ("bounded", "unbounded")}
-    return {"seconds": seconds, "machine": f"{platform.machine()}, {psutil.cpu_count()} cpus",
-            "jobs": stats, "recycles": recycles,
+    return {"seconds": seconds, "jobs": stats, "recycles": recycles,
             "start_rss_mb": {m: round(v / MB, 1) for m, v in first.items()},
             "peak_rss_mb": {m: round(peak(m) / MB, 1) for m in first},
             "growth_mb": {m: round((peak(m) - first[m]) / MB, 1) for m in first}}

@@ -86,7 +86,8 @@ class PolicyConfig:
     max_attempts: int = setting(
         Int(1), 2, "Workers a job may be sent to; a job that killed this many is a poison job.")
     max_concurrent_recycles: int = setting(
-        Int(1), 1, "Recycles of this model's workers under way at once.")
+        Int(1), 1, "Graceful recycles (trend, lifetime, manual, reload) of this model under "
+        "way at once; a crossed max_memory, max_vram or kill_memory acts at once.")
     surge: bool = setting(
         Bool(), True, "Start the replacement and wait for it to be ready before draining.")
     min_lifetime: float = setting(

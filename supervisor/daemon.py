@@ -221,10 +221,12 @@ class Daemon:
         return 0
 
     def _sleep_ms(self) -> int:
-        """Until the next partial batch stops waiting or queued job expires, at most
-        MAX_SLEEP."""
+        """Until the next thing due: a memory poll, a watchdog ping, a partial batch that
+        stops waiting, a queued job that expires; at most MAX_SLEEP."""
         now = self.clock()
-        wake = now + MAX_SLEEP
+        wake = min(now + MAX_SLEEP, max(self.monitor.next_poll, self.next_housekeeping))
+        if self.notifier.watchdog_interval:
+            wake = min(wake, max(self.next_watchdog, self.next_housekeeping))
         for model, state in self.pool.models.items():
             queue = self.router.queues.get(model)
             if not queue:

@@ -117,7 +117,11 @@ class Monitor:
         if now < state.recycle_backoff_until:
             candidates = [c for c in candidates if c.reason not in MEMORY_REASONS]
         candidates.sort(key=lambda c: URGENCY.index(c.reason) if c.reason in URGENCY else 99)
-        for candidate in candidates[:self.free_slots(state)]:
+        # A crossed limit acts at once; only the graceful kinds wait for a free slot.
+        for candidate in [c for c in candidates if c.reason in OVER_LIMIT]:
+            self.start_recycle(candidate.worker, candidate.reason, candidate.verdict, now)
+        graceful = [c for c in candidates if c.reason not in OVER_LIMIT]
+        for candidate in graceful[:self.free_slots(state)]:
             self.start_recycle(candidate.worker, candidate.reason, candidate.verdict, now)
 
     def free_slots(self, state: ModelState) -> int:
