@@ -23,9 +23,7 @@ from supervisor.config import Config, load_config
 from supervisor.control import Controller
 from supervisor.exitcodes import describe_exit
 from supervisor.frontend import Refusal, admit, specs_to_wire
-from supervisor.metrics import Metrics
 from supervisor.monitor import Monitor
-from supervisor.notify import Notifier
 from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import (
     BAD_REQUEST,
@@ -36,7 +34,6 @@ from supervisor.protocol import (
     INTERNAL_HOP,
     JOB,
     MODELS,
-    OVERLOADED,
     READY,
     RESULT,
     SHUTTING_DOWN,
@@ -52,6 +49,7 @@ from supervisor.protocol import (
     send,
     split_envelope,
 )
+from supervisor.reporting import Reporter
 from supervisor.router import Job, Router
 from supervisor.settings import ConfigErrors
 
@@ -64,8 +62,6 @@ BATCH_READS = 256
 MAX_SLEEP = 0.5
 # Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
 HOUSEKEEPING = 0.01
-# While starting, say which workers are still warming up, this often (seconds).
-STARTUP_PROGRESS = 5.0
 
 
 class SignalInbox:
@@ -98,34 +94,6 @@ class SignalInbox:
         return taken
 
 
-class ErrorSummary:
-    """Job errors are counted, and logged as one summary a minute, never one line a job."""
-
-    PERIOD = 60.0
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, str], int] = {}
-        self.since: float | None = None
-
-    def count(self, model: str, code: str, now: float) -> None:
-        self.counts[model, code] = self.counts.get((model, code), 0) + 1
-        if self.since is None:
-            self.since = now
-            self.flush(now, first=True)
-
-    def flush(self, now: float, first: bool = False) -> None:
-        """Log what was counted: at the first error, then at most once a period."""
-        if not self.counts or self.since is None:
-            return
-        if not first and now - self.since < self.PERIOD:
-            return
-        summary = {f"{m}/{c}": n for (m, c), n in sorted(self.counts.items())}
-        level = "warning" if any(c == OVERLOADED for _, c in self.counts) else "info"
-        getattr(log, level)("job_errors", counts=summary, seconds=round(now - self.since))
-        self.counts.clear()
-        self.since = now
-
-
 class Daemon:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -135,24 +103,19 @@ class Daemon:
         self.backend = self.context.socket(zmq.ROUTER)
         self.control = self.context.socket(zmq.ROUTER)
         self.pool = Pool(config, send=self._send_worker)
-        self.metrics = Metrics()
-        self.notifier = Notifier()
         self.router = Router(config.supervisor.max_queue, reply=self._reply,
                              send_job=self._send_job, observe=self._observe)
         self.monitor = Monitor(self.pool, self.router, config.supervisor)
+        self.reporter = Reporter(self.pool, self.router, clock())
         self.controller = Controller(self.pool, self.router, self.monitor, self.reload,
-                                     lambda: self.serving and self.shutdown_started is None)
+                                     lambda: self.reporter.serving and
+                                     self.shutdown_started is None)
         self.signals = SignalInbox()
         self.next_job_id = 1
         self.shutdown_started: float | None = None
         self.fast_exit = False
-        self.serving = False  # every model has its ready workers (READY=1 sent)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
-        self.next_watchdog = 0.0
-        self.next_publish = 0.0
         self.next_housekeeping = 0.0
-        self.next_progress = clock() + STARTUP_PROGRESS
-        self.errors = ErrorSummary()
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -173,7 +136,7 @@ class Daemon:
         self._bind(self.backend, self.config.backend, None)
         self._bind(self.control, sup.control, gid)
         if sup.metrics:
-            self.metrics.serve(sup.metrics)
+            self.reporter.metrics.serve(sup.metrics)
 
     @staticmethod
     def _bind(sock: zmq.Socket[bytes], endpoint: str, gid: int | None) -> None:
@@ -225,8 +188,8 @@ class Daemon:
         stops waiting, a queued job that expires; at most MAX_SLEEP."""
         now = self.clock()
         wake = min(now + MAX_SLEEP, max(self.monitor.next_poll, self.next_housekeeping))
-        if self.notifier.watchdog_interval:
-            wake = min(wake, max(self.next_watchdog, self.next_housekeeping))
+        if self.reporter.notifier.watchdog_interval:
+            wake = min(wake, max(self.reporter.next_watchdog, self.next_housekeeping))
         for model, state in self.pool.models.items():
             queue = self.router.queues.get(model)
             if not queue:
@@ -263,7 +226,7 @@ class Daemon:
             self._enforce_job_timeouts(now)
             self._fail_unavailable()
             self.router.expire(now)
-            self._report(now)
+            self.reporter.report(now, self.config.supervisor, self.shutdown_started is not None)
             if self.shutdown_started is not None:
                 self._shutdown_progress(now)
         for model in self.pool.models:
@@ -282,7 +245,7 @@ class Daemon:
 
     def _send_job(self, worker_id: str, batch: list[Job], pad_to: int) -> None:
         """One message per batch; the jobs' array frames pass through without a copy."""
-        self.metrics.batch(batch[0].model, sum(job_rows(j) for j in batch),
+        self.reporter.metrics.batch(batch[0].model, sum(job_rows(j) for j in batch),
                            [(j.dispatched_at or j.received_at) - j.received_at for j in batch])
         header = {"jobs": [{"id": str(j.id), "inputs": j.inputs} for j in batch],
                   "pad_to": pad_to}
@@ -337,8 +300,7 @@ class Daemon:
         self._send_client(envelope, error_message(job_id, code, message))
         served = isinstance(model, str) and model in self.pool.models
         label = model if served and isinstance(model, str) else "-"
-        self.metrics.job(label, code, None)
-        self.errors.count(label, code, self.clock())
+        self.reporter.refused(label, code, self.clock())
 
     @property
     def limits(self) -> Limits:
@@ -465,54 +427,8 @@ class Daemon:
         return (f"model '{model}' has no worker able to serve: {state.last_error} "
                 f"({state.failures} failed start(s); retrying with back-off)")
 
-    def _report(self, now: float) -> None:
-        """Readiness, watchdog, STATUS= and metrics: what the outside sees of the loop."""
-        if self.notifier.watchdog_interval and now >= self.next_watchdog:
-            self.notifier.watchdog()  # from the main loop itself: a wedged loop stops pinging
-            self.next_watchdog = now + self.notifier.watchdog_interval
-        if not self.serving and self.shutdown_started is None and self.ready_enough():
-            self.serving = True
-            log.info("serving", models={m: len(self.pool.ready(m)) for m in self.pool.models})
-            self.notifier.ready(self.summary(now))
-        elif not self.serving and now >= self.next_progress:
-            self.next_progress = now + STARTUP_PROGRESS
-            warming = {w.id: round(now - w.started_at) for w in self.pool.workers.values()
-                       if w.state is State.STARTING}
-            if warming:
-                log.info("warming_up", workers_seconds=warming)
-        self.errors.flush(now)
-        if now >= self.next_publish:
-            self.next_publish = now + min(1.0, self.config.supervisor.poll_interval)
-            self.notifier.status(self.summary(now))
-            self.metrics.publish(self.pool, self.router)
-
-    def ready_enough(self) -> bool:
-        wanted = self.config.supervisor.ready_min_workers
-        return all(len(self.pool.ready(m)) >= min(wanted or s.config.workers, s.config.workers)
-                   for m, s in self.pool.models.items() if not s.removed)
-
-    def summary(self, now: float) -> str:
-        """One line for systemd's STATUS=: per model ready/configured, warming, queued."""
-        parts = []
-        for name, state in self.pool.models.items():
-            warming = [w for w in self.pool.of_model(name) if w.state is State.STARTING]
-            text = f"{name} {len(self.pool.ready(name))}/{state.config.workers} ready"
-            if warming:
-                oldest = max(now - w.started_at for w in warming)
-                text += f", {len(warming)} warming ({oldest:.0f}s)"
-            if self.router.queued(name):
-                text += f", {self.router.queued(name)} queued"
-            if state.unavailable:
-                text += ", UNAVAILABLE"
-            parts.append(text)
-        prefix = "stopping: " if self.shutdown_started is not None else ""
-        return prefix + "; ".join(parts)
-
     def _observe(self, job: Job, msg: Message) -> None:
-        outcome = "ok" if msg.kind == RESULT else str(msg.header.get("code", "error"))
-        self.metrics.job(job.model, outcome, self.clock() - job.received_at)
-        if outcome != "ok":
-            self.errors.count(job.model, outcome, self.clock())
+        self.reporter.answered(job, msg, self.clock())
 
     # --- signals and shutdown ------------------------------------------------------------
 
@@ -535,11 +451,11 @@ class Daemon:
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages)}
         changes = reloading.plan(self.config, new)
-        self.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         self._apply_config(reloading.effective(self.config, new), changes)
         if self.zap is not None:
             security.load_clients(self.zap, self.config.supervisor.curve)
-        self.notifier.ready(self.summary(self.clock()))
+        self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(self.config.path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
@@ -571,7 +487,7 @@ class Daemon:
             return
         self.shutdown_started = now
         self.pool.spawning = False
-        self.notifier.stopping()
+        self.reporter.notifier.stopping()
         log.info("shutdown_started", signal=signal.Signals(signum).name,
                  pending_jobs=self.router.pending(),
                  timeout_seconds=self.config.supervisor.shutdown_timeout)
@@ -605,7 +521,7 @@ class Daemon:
         for sock in (self.frontend, self.backend, self.control):
             sock.close(linger=1000)
         self.context.term()
-        self.notifier.close()
+        self.reporter.notifier.close()
         for endpoint in (*self.config.supervisor.endpoints, self.config.supervisor.control,
                          self.config.backend):
             if endpoint.startswith("ipc://"):
