@@ -32,7 +32,3 @@ class History:
 
     def last(self) -> Sample | None:
         return self._samples[-1] if self._samples else None
-
-    def since(self, t: float, jobs: int) -> list[Sample]:
-        """Samples taken at or after time ``t`` and job count ``jobs`` (the warm-up's end)."""
-        return [s for s in self._samples if s.t >= t and s.jobs >= jobs]

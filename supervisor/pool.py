@@ -243,6 +243,10 @@ class Pool:
                       error=state.last_error)
             if state.failures == 1 and not self.ready(worker.model):
                 log.error("model_unavailable", model=worker.model, error=state.last_error)
+        elif code == WorkerExit.RECYCLE and worker.recycle_reason is None:
+            worker.recycle_reason = "requested"  # the handler asked; its jobs were answered
+            self.count_recycle(worker, "requested", now)
+            log.info("worker_exited", **fields, reason="requested")
         elif worker.recycle_reason is None and code != WorkerExit.OK:
             log.warning("worker_died", **fields)
         else:

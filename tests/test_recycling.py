@@ -249,3 +249,16 @@ def test_drain_timeout_requeues_and_nothing_is_lost(supervisor_factory: Any) -> 
     thread.join(60)
     assert out["r"]["x"][0, 0] == -2.0  # requeued to the replacement and answered there
     assert '"event": "drain_timeout"' in sup.log()
+
+
+def test_a_handler_may_ask_to_be_replaced(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": {
+        "handler": "worker.handlers:echo", "workers": 1, "options": {"recycle_after": 5},
+        "batching": {"max_batch_size": 1}}}})
+    with sup.client() as client:
+        for i in range(12):
+            assert client.infer("m", {"x": np.full((1, 4), i, np.float32)})["x"][0, 0] == i
+    status = sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("requested", 0) >= 2, 30,
+                          "two requested recycles")
+    assert status["models"]["m"]["available"]
+    assert '"exit": "exit 4 (RECYCLE)"' in sup.log()

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from supervisor.protocol import TensorSpec
+from worker import request_recycle
 
 Arrays = dict[str, np.ndarray]
 
@@ -37,6 +38,8 @@ class Echo:
         self.sleep_on = options.get("sleep_on")
         self.sleep_seconds = float(options.get("sleep_seconds", 0.0))
         self.delay = float(options.get("delay", 0.0))
+        self.recycle_after = options.get("recycle_after")  # calls, then request_recycle()
+        self.calls = 0
 
     def __call__(self, inputs: Arrays) -> Arrays:
         first = next(iter(inputs.values()))
@@ -52,6 +55,9 @@ class Echo:
             time.sleep(self.sleep_seconds)
         if self.delay:
             time.sleep(self.delay)
+        self.calls += 1
+        if self.recycle_after is not None and self.calls >= int(self.recycle_after):
+            request_recycle()
         return self.respond(inputs)
 
     def respond(self, inputs: Arrays) -> Arrays:

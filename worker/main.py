@@ -31,7 +31,7 @@ from supervisor.protocol import (
     encode,
     send,
 )
-from worker import runtime
+from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.runners import LoadError, Runner, load, warmup_inputs
@@ -152,6 +152,10 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
                 for reply in run_batch(runner, msg):
                     send(sock, encode(reply))
                     heartbeat.jobs += 1
+                if recycle_requested():
+                    log.info("recycle_requested_by_handler")
+                    code = WorkerExit.RECYCLE
+                    break
     except Exception as exc:
         log.exception("worker_loop_failed", error=str(exc))
         code = WorkerExit.INTERNAL
