@@ -6,6 +6,7 @@ signal wake-up pipe. Signal handlers only record the signal; the loop acts on it
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import zmq
 from supervisor import logs, security
 from supervisor import reload as reloading
 from supervisor.batching import job_rows, next_deadline
-from supervisor.config import Config, load_config
+from supervisor.config import Config, SupervisorSection, load_config
 from supervisor.control import Controller
 from supervisor.exitcodes import describe_exit
 from supervisor.frontend import Refusal, admit, specs_to_wire
@@ -194,9 +195,9 @@ class Daemon:
             queue = self.router.queues.get(model)
             if not queue:
                 continue
-            deadlines = [next_deadline(queue, state.config.batch_policy),
-                         min((j.deadline for j in queue if j.deadline is not None),
-                             default=None)]
+            # The head is the oldest job, so usually the first to expire; later ones are
+            # answered by the next housekeeping pass. O(1): this runs on every wake-up.
+            deadlines = [next_deadline(queue, state.config.batch_policy), queue[0].deadline]
             for deadline in deadlines:
                 if deadline is not None and deadline > now:  # past ones wait for a free
                     wake = min(wake, deadline)  # worker, whose answer wakes the loop
@@ -260,7 +261,7 @@ class Daemon:
     def _on_frontend(self, frames: list[Frame]) -> None:
         envelope, body = split_envelope(frames)
         try:
-            msg = decode(body, self.limits)
+            msg = decode(body, _limits(self.config.supervisor))
         except ProtocolError as exc:
             # Answer when we can tell a job id apart; a reply to garbage is harmless.
             self._refuse(envelope, _job_id_of(body), exc.code, str(exc), None)
@@ -301,11 +302,6 @@ class Daemon:
         served = isinstance(model, str) and model in self.pool.models
         label = model if served and isinstance(model, str) else "-"
         self.reporter.refused(label, code, self.clock())
-
-    @property
-    def limits(self) -> Limits:
-        sup = self.config.supervisor
-        return Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
 
     def _send_client(self, envelope: list[Frame], msg: Message) -> None:
         send(self.frontend, [*envelope, *encode(msg)])
@@ -526,6 +522,12 @@ class Daemon:
                          self.config.backend):
             if endpoint.startswith("ipc://"):
                 Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _limits(sup: SupervisorSection) -> Limits:
+    """The frontend's limits, built once per config (this runs on every message)."""
+    return Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
 
 
 def _job_id_of(body: list[Frame]) -> bytes:
