@@ -10,9 +10,9 @@ on 2 cores (client processes included on the same cores).
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing as mp
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +22,34 @@ import zmq
 
 from bench.common import write
 from supervisor.testing import start_supervisor
+from supervisor.transport import NOBLOCK, recv, send
 
 
 def client(endpoint: str, seconds: float, window: int, results: Any) -> None:
+    """A load generator: keeps ``window`` requests in flight and reads every reply that is
+    waiting before it polls again (through the same frame functions as the daemon)."""
     sock = zmq.Context().socket(zmq.DEALER)
     sock.connect(endpoint)
     payload = np.ones((1, 4), np.float32).tobytes()
     header = msgpack.packb({"model": "echo", "inputs": [
         {"name": "x", "dtype": "float32", "shape": [1, 4]}]})
     done = errors = in_flight = 0
+    ids = itertools.count()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or in_flight:
         while in_flight < window and time.perf_counter() < deadline:
-            sock.send_multipart([b"TFS1", b"infer", uuid.uuid4().bytes, header, payload])
+            send(sock, [b"TFS1", b"infer", next(ids).to_bytes(8, "little"), header, payload])
             in_flight += 1
-        if sock.poll(5000):
-            reply = sock.recv_multipart()
+        if not sock.poll(5000):
+            break
+        while in_flight:
+            try:
+                reply = recv(sock, NOBLOCK)
+            except zmq.Again:
+                break
             in_flight -= 1
             done += reply[1] == b"result"
             errors += reply[1] != b"result"
-        else:
-            break
     results.put((done, errors))
 
 

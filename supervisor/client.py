@@ -35,10 +35,10 @@ from supervisor.protocol import (
     decode,
     encode,
     pack_arrays,
-    send,
     unpack_arrays,
 )
 from supervisor.security import make_curve_client
+from supervisor.transport import recv, send
 
 
 class JobError(Exception):
@@ -196,7 +196,7 @@ class _Link:
                 self.monitor.recv_multipart()
                 raise _Lost
             if self.sock in ready:
-                reply = decode(self.sock.recv_multipart(copy=False))
+                reply = decode(recv(self.sock))
                 if reply.job_id == msg.job_id:
                     return reply
                 # else: a late reply to an earlier call that timed out; drop it

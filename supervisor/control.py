@@ -46,7 +46,7 @@ class Controller:
                 "workers": [self._worker(w, now) for w in self.pool.of_model(name)],
                 "configured_workers": state.config.workers,
                 "queued": self.router.queued(name),
-                "in_flight": sum(1 for j in self.router.inflight.values() if j.model == name),
+                "in_flight": sum(1 for j in self.router.in_flight() if j.model == name),
                 "recycles": dict(state.recycles),
                 "last_recycle": _last_recycle(state.last_recycle, now),
                 "memory_metric": state.config.policy.memory_metric,

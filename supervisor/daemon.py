@@ -36,7 +36,7 @@ from supervisor.protocol import (
     JOB,
     MODELS,
     READY,
-    RESULT,
+    RESULTS,
     SHUTTING_DOWN,
     TIMEOUT,
     UNAVAILABLE,
@@ -47,12 +47,13 @@ from supervisor.protocol import (
     decode,
     encode,
     error_message,
-    send,
     split_envelope,
+    unpack_results,
 )
 from supervisor.reporting import Reporter
 from supervisor.router import Job, Router
 from supervisor.settings import ConfigErrors
+from supervisor.transport import NOBLOCK, recv, send
 
 log = logs.get("daemon")
 
@@ -206,11 +207,11 @@ class Daemon:
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
         for _ in range(BATCH_READS):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv(sock, NOBLOCK)
             except zmq.Again:
                 return
             try:
-                handler(list(frames))
+                handler(frames)
             except Exception:  # the daemon never dies of one message
                 log.exception("message_handling_failed")
 
@@ -337,8 +338,9 @@ class Daemon:
             log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
                      warmup_seconds=worker.warmup_seconds,
                      baseline_memory=last.memory if last else None)
-        elif msg.kind in (RESULT, ERROR) and msg.job_id:
-            self._on_answer(worker, msg)
+        elif msg.kind == RESULTS:
+            for answer in unpack_results(msg):
+                self._on_answer(worker, answer)
         elif msg.kind == ERROR:
             self.pool.load_failed(worker.id, str(msg.header.get("message")))
 
@@ -363,7 +365,7 @@ class Daemon:
             result = self.controller.handle(msg.header, self.clock())
         except ProtocolError as exc:
             result = {"ok": False, "error": str(exc)}
-        self.control.send_multipart([*envelope, *encode(Message(CONTROL, b"", result))])
+        send(self.control, [*envelope, *encode(Message(CONTROL, b"", result))])
 
     # --- workers lost, drained, unavailable ----------------------------------------------
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from supervisor.pool import ModelState
 from supervisor.protocol import (
     BAD_REQUEST,
@@ -12,8 +10,9 @@ from supervisor.protocol import (
     Message,
     ProtocolError,
     TensorSpec,
-    check_arrays,
-    unpack_arrays,
+    check_frames,
+    check_specs,
+    parse_specs,
 )
 from supervisor.router import Job
 
@@ -35,22 +34,16 @@ def admit(msg: Message, envelope: list[Frame], models: dict[str, ModelState], jo
         served = ", ".join(sorted(n for n, s in models.items() if not s.removed))
         raise Refusal(UNKNOWN_MODEL, f"no model named '{model}' (served: {served})")
     try:
-        # Checks every buffer length against its dtype and shape without copying.
-        arrays = unpack_arrays(msg.header.get("inputs"), msg.arrays, max_elements)
+        # From the header and the frame lengths alone: no array is built at the door.
+        specs = parse_specs(msg.header.get("inputs"))
+        check_frames(specs, msg.arrays, max_elements)
+        if state.inputs is not None:
+            check_specs(state.inputs, specs)
     except ProtocolError as exc:
         raise Refusal(exc.code, str(exc)) from None
-    if state.inputs is not None:
-        check_against(state.inputs, arrays)
     return Job(id=job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
                inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                deadline=_deadline(msg.header.get("timeout_ms"), now))
-
-
-def check_against(specs: list[TensorSpec], arrays: dict[str, np.ndarray]) -> None:
-    try:
-        check_arrays(specs, arrays)
-    except ProtocolError as exc:
-        raise Refusal(exc.code, str(exc)) from None
 
 
 def _deadline(timeout_ms: object, now: float) -> float | None:

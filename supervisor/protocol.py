@@ -34,10 +34,12 @@ READY = b"ready"
 HEARTBEAT = b"heartbeat"
 JOB = b"job"
 STOP = b"stop"
+RESULTS = b"results"  # every answer to one JOB message, in one message
 # Control socket, both ways:
 CONTROL = b"control"
 
-KINDS = frozenset({INFER, MODELS, RESULT, ERROR, READY, HEARTBEAT, JOB, STOP, CONTROL})
+KINDS = frozenset({INFER, MODELS, RESULT, ERROR, READY, HEARTBEAT, JOB, STOP, RESULTS,
+                   CONTROL})
 
 # Stable error codes (docs/protocol.md).
 UNKNOWN_MODEL = "unknown_model"
@@ -60,6 +62,8 @@ MAX_NDIM = 8
 # No object, void, string or datetime dtypes: only plain numbers travel.
 DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                     "uint64", "float16", "float32", "float64", "complex64", "complex128"})
+
+ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 # pyzmq copies frames smaller than this anyway; larger ones are sent without a copy.
 ZERO_COPY_MIN = 64 * 1024
@@ -146,13 +150,6 @@ DEFAULT_LIMITS = Limits()
 INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
-def send(sock: zmq.Socket[Any], frames: Sequence[Frame]) -> None:
-    """send_multipart, zero-copy only when a frame is large: for small frames pyzmq's
-    copying path is faster than building Frame objects."""
-    large = any(len(f) >= ZERO_COPY_MIN for f in frames)
-    sock.send_multipart(frames, copy=not large)
-
-
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Parse frames into a Message; raise ProtocolError on anything malformed."""
     if len(frames) < 4:
@@ -232,6 +229,17 @@ def unpack_arrays(specs: object, frames: Sequence[Frame],
                   max_elements: int | None = None) -> dict[str, np.ndarray]:
     """Arrays from specs and frames, each checked against its dtype and shape (no copy)."""
     parsed = parse_specs(specs)
+    check_frames(parsed, frames, max_elements)
+    out: dict[str, np.ndarray] = {}
+    for spec, frame in zip(parsed, frames, strict=True):
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        out[spec.name] = np.frombuffer(_buffer(frame), dtype=dtype).reshape(concrete_shape(spec))
+    return out
+
+
+def check_frames(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
+                 max_elements: int | None = None) -> None:
+    """Each frame's length against its spec's dtype and shape, without building arrays."""
     if len(parsed) != len(frames):
         raise ProtocolError(f"header describes {len(parsed)} arrays but {len(frames)} array "
                             "frames came")
@@ -240,16 +248,11 @@ def unpack_arrays(specs: object, frames: Sequence[Frame],
         if total > max_elements:
             raise ProtocolError(f"{total} elements in all, more than the {max_elements} "
                                 "allowed per request")
-    out: dict[str, np.ndarray] = {}
     for spec, frame in zip(parsed, frames, strict=True):
-        dtype = np.dtype(spec.dtype).newbyteorder("<")
-        expected = math.prod(concrete_shape(spec)) * dtype.itemsize
-        buffer = _buffer(frame)
-        if len(buffer) != expected:
-            raise ProtocolError(f"array '{spec.name}': {len(buffer)} bytes do not match "
+        expected = math.prod(concrete_shape(spec)) * ITEMSIZE[spec.dtype]
+        if (length := _length(frame)) != expected:
+            raise ProtocolError(f"array '{spec.name}': {length} bytes do not match "
                                 f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
-        out[spec.name] = np.frombuffer(buffer, dtype=dtype).reshape(concrete_shape(spec))
-    return out
 
 
 def concrete_shape(spec: TensorSpec) -> tuple[int, ...]:
@@ -269,21 +272,57 @@ def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
 
 def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray]) -> None:
     """Arrays against a model's input specs: names, dtypes, shapes, one batch size."""
+    check_specs(specs, [TensorSpec(name, a.dtype.name, tuple(a.shape))
+                        for name, a in arrays.items()])
+
+
+def check_specs(specs: Sequence[TensorSpec], got: Sequence[TensorSpec]) -> None:
+    """Concrete array specs against a model's input specs (check_arrays without arrays: the
+    door checks a request from its header alone)."""
     wanted = {s.name: s for s in specs}
-    if set(arrays) != set(wanted):
+    names = [g.name for g in got]
+    if set(names) != set(wanted):
         expected = "; ".join(s.describe() for s in specs)
-        raise ProtocolError(f"inputs {sorted(arrays)} do not match the model's inputs "
+        raise ProtocolError(f"inputs {sorted(names)} do not match the model's inputs "
                             f"({expected})")
-    batch = set()
-    for name, array in arrays.items():
-        got = TensorSpec(name, array.dtype.name, tuple(array.shape))
-        if not wanted[name].accepts(got):
-            raise ProtocolError(f"input {got.describe()} does not fit the model's "
-                                f"{wanted[name].describe()}")
-        if array.ndim:
-            batch.add(array.shape[0])
+    batch: set[int] = set()
+    for spec in got:
+        if not wanted[spec.name].accepts(spec):
+            raise ProtocolError(f"input {spec.describe()} does not fit the model's "
+                                f"{wanted[spec.name].describe()}")
+        if spec.shape and spec.shape[0] is not None:
+            batch.add(spec.shape[0])
     if len(batch) > 1:
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batch)}")
+
+
+def pack_results(replies: Sequence[Message]) -> Message:
+    """The answers to one JOB message as one RESULTS message: one send and one receive per
+    batch instead of per job. Each entry names its job, kind and header; the array frames
+    follow in entry order."""
+    entries = [{"id": r.job_id, "kind": r.kind, "header": r.header, "arrays": len(r.arrays)}
+               for r in replies]
+    return Message(RESULTS, b"", {"jobs": entries}, [f for r in replies for f in r.arrays])
+
+
+def unpack_results(msg: Message) -> list[Message]:
+    """The per-job answers of a RESULTS message; ProtocolError if it does not add up."""
+    entries = msg.header.get("jobs")
+    if not isinstance(entries, list):
+        raise ProtocolError("results header must hold a 'jobs' list")
+    replies, start = [], 0
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("kind") not in (RESULT, ERROR):
+            raise ProtocolError("each results entry must be a map of kind result or error")
+        count, job_id, header = entry.get("arrays"), entry.get("id"), entry.get("header")
+        if not isinstance(count, int) or not isinstance(job_id, bytes) or \
+                not isinstance(header, dict):
+            raise ProtocolError("each results entry needs id (bytes), header and arrays")
+        replies.append(Message(entry["kind"], job_id, header, msg.arrays[start:start + count]))
+        start += count
+    if start != len(msg.arrays):
+        raise ProtocolError(f"results entries name {start} arrays, {len(msg.arrays)} came")
+    return replies
 
 
 def error_message(job_id: bytes, code: str, message: str) -> Message:

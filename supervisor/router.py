@@ -1,13 +1,15 @@
 """Jobs: per-model bounded queues, the in-flight table, dispatch, requeue and deadlines.
 
-Every job is in exactly one place — a queue or the in-flight table — until it is answered,
-and answering removes it: that is how each request gets exactly one reply.
+Every job is in exactly one place — a queue or the in-flight table of the worker holding it —
+until it is answered, and answering removes it: that is how each request gets exactly one
+reply. In-flight jobs are kept per worker because the hot path asks per worker (is it idle?
+is this answer from the worker that holds the job?).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from supervisor.batching import BatchPolicy, job_rows, take_batch
@@ -51,7 +53,7 @@ class Router:
         self._send_job = send_job
         self._observe = observe  # sees every answer: metrics
         self.queues: dict[str, deque[Job]] = {}
-        self.inflight: dict[int, Job] = {}
+        self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
         self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
 
     # --- queries -------------------------------------------------------------------------
@@ -60,19 +62,21 @@ class Router:
         return len(self.queues.get(model, ()))
 
     def held_by(self, worker_id: str) -> list[Job]:
-        return [j for j in self.inflight.values() if j.worker == worker_id]
+        return list(self.held.get(worker_id, {}).values())
 
-    def busy_workers(self) -> set[str]:
-        return {j.worker for j in self.inflight.values() if j.worker is not None}
+    def in_flight(self) -> Iterator[Job]:
+        for jobs in self.held.values():
+            yield from jobs.values()
 
     def pending(self) -> int:
-        return len(self.inflight) + sum(len(q) for q in self.queues.values())
+        in_flight = sum(len(jobs) for jobs in self.held.values())
+        return in_flight + sum(len(q) for q in self.queues.values())
 
     # --- flow ----------------------------------------------------------------------------
 
     def answer(self, job: Job, msg: Message) -> None:
         """The one place a job leaves the system: removed, then replied to."""
-        self.inflight.pop(job.id, None)
+        self._release(job)
         self._reply(job, msg)
         if self._observe is not None:
             self._observe(job, msg)
@@ -95,8 +99,7 @@ class Router:
         queue = self.queues.get(model)
         if not queue:
             return 0
-        busy = self.busy_workers()
-        idle = sorted((jobs, wid) for wid, jobs in ready if wid not in busy)
+        idle = sorted((jobs, wid) for wid, jobs in ready if wid not in self.held)
         sent = 0
         for _, worker_id in idle:
             batch = take_batch(queue, policy, now)
@@ -106,7 +109,7 @@ class Router:
             for job in batch:
                 job.worker, job.dispatched_at = worker_id, now
                 job.attempts += 1
-                self.inflight[job.id] = job
+                self.held.setdefault(worker_id, {})[job.id] = job
             count, total = self.batches.get(model, (0, 0))
             self.batches[model] = (count + 1, total + rows)
             self._send_job(worker_id, batch, policy.pad_to(rows))
@@ -120,10 +123,12 @@ class Router:
     def complete(self, job_id: int, worker_id: str) -> Job | None:
         """The in-flight job a worker answered, or None if it is no longer that worker's
         (requeued after a drain timeout, say): a late answer is dropped, never sent twice."""
-        job = self.inflight.get(job_id)
-        if job is None or job.worker != worker_id:
-            return None
-        return job
+        return self.held.get(worker_id, {}).get(job_id)
+
+    def _release(self, job: Job) -> None:
+        jobs = self.held.get(job.worker or "")
+        if jobs is not None and jobs.pop(job.id, None) is not None and not jobs:
+            del self.held[job.worker or ""]  # a reaped worker leaves no entry behind
 
     def requeue(self, worker_id: str, max_attempts: int, why: str,
                 blame_jobs: bool = True) -> tuple[int, int]:
@@ -134,7 +139,7 @@ class Router:
         requeued = failed = 0
         held = self.held_by(worker_id)
         for job in sorted(held, key=lambda j: j.id, reverse=True):
-            del self.inflight[job.id]
+            self._release(job)
             job.worker = job.dispatched_at = None
             if not blame_jobs:
                 job.attempts -= 1
@@ -159,7 +164,7 @@ class Router:
         """In-flight jobs that have run longer than their model's job timeout."""
         if not timeouts:
             return []
-        return [j for j in self.inflight.values() if j.model in timeouts and
+        return [j for j in self.in_flight() if j.model in timeouts and
                 j.dispatched_at is not None and now - j.dispatched_at > timeouts[j.model]]
 
     def expire(self, now: float) -> None:
@@ -184,7 +189,7 @@ class Router:
 
     def fail_everything(self, code: str, message: str) -> int:
         count = sum(self.fail_queued(model, code, message) for model in list(self.queues))
-        for job in list(self.inflight.values()):
+        for job in list(self.in_flight()):
             self.fail(job, code, message)
             count += 1
         return count

@@ -22,9 +22,12 @@ from supervisor.protocol import (
     TensorSpec,
     decode,
     encode,
+    error_message,
     pack_arrays,
+    pack_results,
     split_envelope,
     unpack_arrays,
+    unpack_results,
 )
 
 
@@ -97,6 +100,30 @@ def test_spec_accepts() -> None:
     assert not want.accepts(TensorSpec("x", "float32", (7, 5)))
     assert not want.accepts(TensorSpec("x", "float64", (7, 4)))
     assert not want.accepts(TensorSpec("x", "float32", (7,)))
+
+
+def test_results_round_trip() -> None:
+    _, frames = pack_arrays({"y": np.ones((2, 3), np.float32), "z": np.zeros(2, np.int64)})
+    replies = [Message(RESULT, b"1", {"outputs": ["specs"]}, frames),
+               error_message(b"2", "bad_request", "no"),
+               Message(RESULT, b"3", {"outputs": []}, [b"tail"])]
+    back = unpack_results(decode(encode(pack_results(replies))))
+    assert [(m.kind, m.job_id, m.header) for m in back] == \
+        [(m.kind, m.job_id, m.header) for m in replies]
+    assert [len(m.arrays) for m in back] == [2, 0, 1] and back[2].arrays == [b"tail"]
+
+
+@pytest.mark.parametrize(("header", "arrays", "fragment"), [
+    ({}, [], "'jobs' list"),
+    ({"jobs": [{"id": b"1", "kind": b"infer", "header": {}, "arrays": 0}]}, [], "kind"),
+    ({"jobs": [{"id": "1", "kind": b"result", "header": {}, "arrays": 0}]}, [], "id"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 2}]}, [b"a"], "2 arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 0}]}, [b"a"], "0 arrays"),
+])
+def test_unpack_results_refuses_what_does_not_add_up(header: dict[str, object],
+                                                     arrays: list[bytes], fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=fragment):
+        unpack_results(Message(b"results", b"", header, list(arrays)))
 
 
 def test_envelopes() -> None:

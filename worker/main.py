@@ -29,8 +29,9 @@ from supervisor.protocol import (
     TensorSpec,
     decode,
     encode,
-    send,
+    pack_results,
 )
+from supervisor.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
@@ -145,13 +146,13 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
         while not stop.set:
             if not sock.poll(200):
                 continue
-            msg = decode(sock.recv_multipart(copy=False), INTERNAL_HOP)
+            msg = decode(recv(sock), INTERNAL_HOP)
             if msg.kind == STOP:
                 break
             if msg.kind == JOB:
-                for reply in run_batch(runner, msg):
-                    send(sock, encode(reply))
-                    heartbeat.jobs += 1
+                replies = run_batch(runner, msg)
+                send(sock, encode(pack_results(replies)))
+                heartbeat.jobs += len(replies)
                 if recycle_requested():
                     log.info("recycle_requested_by_handler")
                     code = WorkerExit.RECYCLE
