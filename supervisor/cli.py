@@ -61,8 +61,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
     shape = [batch if i == 0 and d is None else (1 if d is None else d)
              for i, d in enumerate(spec["shape"])]
-    dtype = np.dtype(spec["dtype"])
     rng = np.random.default_rng()
+    if spec["dtype"] == "string":
+        words = np.array([b"alpha", b"beta", b"gamma", b"delta"], dtype=object)
+        return rng.choice(words, size=shape)
+    dtype = np.dtype(spec["dtype"])
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind == "b":

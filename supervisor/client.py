@@ -5,13 +5,11 @@
         outputs = client.infer("demo", {"features": batch})
 
 ``Client`` is safe to share across threads: each thread gets its own ZeroMQ socket.
-``AsyncClient`` is for one asyncio event loop.
+``supervisor.aclient.AsyncClient`` offers the same calls, and failover, to one asyncio loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import threading
 import time
@@ -21,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from supervisor import protocol
 from supervisor.protocol import (
@@ -31,7 +28,6 @@ from supervisor.protocol import (
     MODELS,
     RESULT,
     Message,
-    ProtocolError,
     decode,
     encode,
     pack_arrays,
@@ -107,17 +103,17 @@ def error_from(header: Mapping[str, Any]) -> JobError:
     return ERRORS.get(code, JobError)(message, code)
 
 
-def _reply_wait(timeout: float) -> float:
+def reply_wait(timeout: float) -> float:
     """How long to wait for a reply to a job sent with ``timeout``: a little longer, so the
     supervisor's own verdict (deadline_exceeded, say) arrives rather than a bare NoReply."""
     return timeout + 0.1 + 0.1 * timeout
 
 
-def _endpoints(endpoint: str | Sequence[str]) -> list[str]:
+def endpoint_list(endpoint: str | Sequence[str]) -> list[str]:
     return [endpoint] if isinstance(endpoint, str) else list(endpoint)
 
 
-def _request(model: str, inputs: Mapping[str, Any], timeout: float | None) -> Message:
+def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None) -> Message:
     specs, frames = pack_arrays({k: np.asarray(v) for k, v in inputs.items()})
     header: dict[str, Any] = {"model": model, "inputs": specs}
     if timeout is not None:
@@ -125,7 +121,7 @@ def _request(model: str, inputs: Mapping[str, Any], timeout: float | None) -> Me
     return Message(INFER, uuid.uuid4().bytes, header, frames)
 
 
-def _outcome(msg: Message) -> dict[str, np.ndarray]:
+def outcome(msg: Message) -> dict[str, np.ndarray]:
     if msg.kind == ERROR:
         raise error_from(msg.header)
     if msg.kind != RESULT:
@@ -154,12 +150,67 @@ DOWN_SECONDS = 5.0
 CONNECT_WAIT = 1.0
 
 
-class _NotSent(Exception):
+def refused_here(reply: Message) -> bool:
+    """An answer saying the job did not run on that supervisor."""
+    return reply.kind == ERROR and reply.header.get("code") in RETRY_ELSEWHERE
+
+
+class Rotation:
+    """Round-robin over a client's endpoints, passing over ones that failed it lately."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.endpoints = endpoints
+        self._turn = itertools.count()
+        self._down: dict[str, float] = {}  # endpoint -> monotonic time it may be tried again
+
+    def pick(self, tried: list[str]) -> str | None:
+        """The next endpoint not yet tried for this job: healthy ones first."""
+        start = next(self._turn)
+        order = [self.endpoints[(start + i) % len(self.endpoints)]
+                 for i in range(len(self.endpoints))]
+        now = time.monotonic()
+        fresh = [e for e in order if e not in tried]
+        healthy = [e for e in fresh if self._down.get(e, 0.0) <= now]
+        choices = healthy or fresh
+        return choices[0] if choices else None
+
+    def mark_down(self, endpoint: str) -> None:
+        self._down[endpoint] = time.monotonic() + DOWN_SECONDS
+
+
+def dropped(endpoint: str) -> NoReply:
+    return NoReply(f"the connection to {endpoint} dropped while the job was out; it may have "
+                   "run (retry_unanswered is off)")
+
+
+def silent(endpoint: str, timeout: float) -> NoReply:
+    return NoReply(f"no reply from {endpoint} within {timeout:g}s")
+
+
+def unreachable(endpoints: list[str], timeout: float) -> NoReply:
+    return NoReply(f"no supervisor reachable at {', '.join(endpoints)} within {timeout:g}s")
+
+
+class NotSent(Exception):
     """No connection to that supervisor: the job never left; safe to send elsewhere."""
 
 
-class _Lost(Exception):
+class Lost(Exception):
     """The connection dropped while the job was out: it may or may not have run."""
+
+
+def watched_dealer(context: zmq.Context[Any], endpoint: str,
+                   curve: tuple[Any, ...] | None) -> tuple[Any, Any]:
+    """A DEALER to one supervisor that queues only while connected, and a monitor socket
+    that reports the connection dropping."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected supervisor
+    if curve is not None:
+        make_curve_client(sock, *curve)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(endpoint)
+    return sock, monitor
 
 
 class _Link:
@@ -167,13 +218,7 @@ class _Link:
 
     def __init__(self, context: zmq.Context[Any], endpoint: str, curve: tuple[Any, ...] | None):
         self.endpoint = endpoint
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected supervisor
-        if curve is not None:
-            make_curve_client(self.sock, *curve)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.sock.connect(endpoint)
+        self.sock, self.monitor = watched_dealer(context, endpoint, curve)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
@@ -189,12 +234,12 @@ class _Link:
         try:
             send(self.sock, encode(msg))
         except zmq.Again:
-            raise _NotSent from None
+            raise NotSent from None
         while (left := deadline - time.monotonic()) > 0:
             ready = dict(self.poller.poll(int(left * 1000) + 1))
             if self.monitor in ready:
                 self.monitor.recv_multipart()
-                raise _Lost
+                raise Lost
             if self.sock in ready:
                 reply = decode(recv(self.sock))
                 if reply.job_id == msg.job_id:
@@ -224,7 +269,7 @@ class Client:
                  context: zmq.Context[Any] | None = None, *,
                  server_key: str | bytes | None = None, client_cert: str | None = None,
                  retry_unanswered: bool = True) -> None:
-        self.endpoints = _endpoints(endpoint)
+        self.endpoints = endpoint_list(endpoint)
         self.timeout = timeout
         self.retry_unanswered = retry_unanswered
         self._curve = (server_key, client_cert) if server_key and client_cert else None
@@ -232,8 +277,7 @@ class Client:
         self._local = threading.local()
         self._links: list[_Link] = []
         self._lock = threading.Lock()
-        self._turn = itertools.count()
-        self._down: dict[str, float] = {}  # endpoint -> monotonic time it may be tried again
+        self._rotation = Rotation(self.endpoints)
 
     def __enter__(self) -> Client:
         return self
@@ -252,7 +296,7 @@ class Client:
               timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run one job; returns the model's outputs or raises a JobError subclass."""
         timeout = self.timeout if timeout is None else timeout
-        return _outcome(self._call(_request(model, inputs, timeout), _reply_wait(timeout)))
+        return outcome(self._call(request_message(model, inputs, timeout), reply_wait(timeout)))
 
     def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
@@ -265,47 +309,31 @@ class Client:
         deadline = time.monotonic() + timeout
         tried: list[str] = []
         last: Message | None = None
-        while (endpoint := self._pick(tried)) is not None:
+        while (endpoint := self._rotation.pick(tried)) is not None:
             tried.append(endpoint)
             link = self._link(endpoint)
-            _refresh_deadline(msg, deadline)
+            refresh_deadline(msg, deadline)
             try:
                 reply = link.exchange(msg, deadline)
-            except _NotSent:
-                self._mark_down(endpoint)
+            except NotSent:
+                self._rotation.mark_down(endpoint)
                 continue
-            except _Lost:
+            except Lost:
                 self._forget(link, down=True)
                 if not self.retry_unanswered:
-                    raise NoReply(f"the connection to {endpoint} dropped while the job was "
-                                  "out; it may have run (retry_unanswered is off)") from None
+                    raise dropped(endpoint) from None
                 continue
             except TimeoutError:
                 self._forget(link, down=False)  # a late reply must not confuse the next call
-                raise NoReply(f"no reply from {endpoint} within {timeout:g}s") from None
-            if reply.kind == ERROR and reply.header.get("code") in RETRY_ELSEWHERE:
-                self._mark_down(endpoint)
+                raise silent(endpoint, timeout) from None
+            if refused_here(reply):
+                self._rotation.mark_down(endpoint)
                 last = reply
                 continue
             return reply
         if last is not None:
             return last  # every supervisor refused: the last refusal is the answer
-        raise NoReply(f"no supervisor reachable at {', '.join(self.endpoints)} within "
-                      f"{timeout:g}s")
-
-    def _pick(self, tried: list[str]) -> str | None:
-        """Next endpoint round-robin: ones not marked down first, then the rest."""
-        start = next(self._turn)
-        order = [self.endpoints[(start + i) % len(self.endpoints)]
-                 for i in range(len(self.endpoints))]
-        now = time.monotonic()
-        fresh = [e for e in order if e not in tried]
-        healthy = [e for e in fresh if self._down.get(e, 0.0) <= now]
-        choices = healthy or fresh
-        return choices[0] if choices else None
-
-    def _mark_down(self, endpoint: str) -> None:
-        self._down[endpoint] = time.monotonic() + DOWN_SECONDS
+        raise unreachable(self.endpoints, timeout)
 
     def _link(self, endpoint: str) -> _Link:
         links: dict[str, _Link] = self._local.__dict__.setdefault("links", {})
@@ -319,7 +347,7 @@ class Client:
 
     def _forget(self, link: _Link, down: bool) -> None:
         if down:
-            self._mark_down(link.endpoint)
+            self._rotation.mark_down(link.endpoint)
         self._local.__dict__.get("links", {}).pop(link.endpoint, None)
         with self._lock:
             if link in self._links:
@@ -327,88 +355,11 @@ class Client:
         link.close()
 
 
-def _refresh_deadline(msg: Message, deadline: float) -> None:
+def refresh_deadline(msg: Message, deadline: float) -> None:
     """A retried job carries the time it has left, not its original timeout."""
     if msg.kind == INFER and "timeout_ms" in msg.header:
         left = deadline - time.monotonic()
         msg.header["timeout_ms"] = max(1, int(left / 1.1 * 1000))
-
-
-class AsyncClient:
-    """The same calls with ``await``; use it from one event loop. With several endpoints it
-    spreads jobs round-robin over the connected supervisors, but does not retry elsewhere:
-    use ``Client`` for failover."""
-
-    def __init__(self, endpoint: str | Sequence[str], timeout: float = 30.0, *,
-                 server_key: str | bytes | None = None, client_cert: str | None = None
-                 ) -> None:
-        self.endpoints = _endpoints(endpoint)
-        self.timeout = timeout
-        self._curve = (server_key, client_cert) if server_key and client_cert else None
-        self._context = zmq.asyncio.Context.instance()
-        self._sock: Any = None  # zmq.asyncio.Socket, created on first use
-        self._waiting: dict[bytes, asyncio.Future[Message]] = {}
-        self._reader: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-            self._reader = None
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-
-    async def infer(self, model: str, inputs: Mapping[str, Any],
-                    timeout: float | None = None) -> dict[str, np.ndarray]:
-        timeout = self.timeout if timeout is None else timeout
-        return _outcome(await self._call(_request(model, inputs, timeout),
-                                         _reply_wait(timeout)))
-
-    async def models(self, timeout: float | None = None) -> dict[str, Any]:
-        reply = await self._call(Message(MODELS, uuid.uuid4().bytes), timeout or self.timeout)
-        if reply.kind == ERROR:
-            raise error_from(reply.header)
-        return dict(reply.header.get("models", {}))
-
-    async def _call(self, msg: Message, timeout: float) -> Message:
-        if self._sock is None:
-            self._sock = _dealer(self._context, self.endpoints, curve=self._curve)
-            self._reader = asyncio.get_running_loop().create_task(self._read())
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._waiting[msg.job_id] = future
-        sock = self._sock
-
-        async def exchange() -> Message:
-            await sock.send_multipart(encode(msg))
-            return await future
-
-        try:
-            return await asyncio.wait_for(exchange(), timeout)
-        except TimeoutError:
-            raise NoReply(f"no reply from {', '.join(self.endpoints)} within "
-                          f"{timeout:g}s") from None
-        finally:
-            self._waiting.pop(msg.job_id, None)
-
-    async def _read(self) -> None:
-        assert self._sock is not None
-        while True:
-            frames = await self._sock.recv_multipart(copy=False)
-            try:
-                reply = decode(frames)
-            except ProtocolError:
-                continue
-            future = self._waiting.get(reply.job_id)
-            if future is not None and not future.done():
-                future.set_result(reply)
 
 
 def control(endpoint: str, command: str, timeout: float = 10.0, *,

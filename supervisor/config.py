@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from supervisor.batching import BatchPolicy
+from supervisor.protocol import MAX_BATCH_JOBS
 from supervisor.settings import (
     Bool,
     Choice,
@@ -118,8 +119,8 @@ class BatchingConfig:
     """Dynamic batching: queued jobs combined into one call, padded to allowed sizes."""
 
     max_batch_size: int = setting(
-        Int(1), 32, "Most rows in one batch; 1 turns batching off (handlers that cannot "
-        "batch).")
+        Int(1, MAX_BATCH_JOBS), 32, "Most rows in one batch; 1 turns batching off (handlers "
+        "that cannot batch).")
     batch_timeout_ms: float = setting(
         Float(0.0), 0.0, "How long a partial batch may wait for more jobs; 0: dispatch at "
         "once (batches then form only under load, and no latency is added).")

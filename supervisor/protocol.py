@@ -21,6 +21,15 @@ import msgpack
 import numpy as np
 import zmq
 
+from supervisor.strings import (
+    STRING,
+    StringFrameError,
+    is_string_array,
+    pack_strings,
+    string_lengths,
+    unpack_strings,
+)
+
 VERSION = b"TFS1"
 
 # Message kinds. Client -> supervisor:
@@ -58,12 +67,17 @@ MAX_JOB_ID = 64
 MAX_HEADER = 64 * 1024
 MAX_ARRAYS = 64
 MAX_NDIM = 8
+# Longest list or map in a header: it bounds the jobs of one batch (max_batch_size).
+MAX_BATCH_JOBS = 4096
 
-# No object, void, string or datetime dtypes: only plain numbers travel.
-DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                    "uint64", "float16", "float32", "float64", "complex64", "complex128"})
+# Plain numbers, and strings in their own frame layout (supervisor/strings.py); no object,
+# void or datetime dtypes: nothing that would need unpickling or evaluating.
+NUMERIC_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                            "uint32", "uint64", "float16", "float32", "float64", "complex64",
+                            "complex128"})
+DTYPES = NUMERIC_DTYPES | {STRING}
 
-ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
+ITEMSIZE = {name: np.dtype(name).itemsize for name in NUMERIC_DTYPES}
 
 # pyzmq copies frames smaller than this anyway; larger ones are sent without a copy.
 ZERO_COPY_MIN = 64 * 1024
@@ -181,7 +195,8 @@ def _header(frame: Frame, limit: int) -> dict[str, Any]:
     data = _small(frame, limit, "header")
     try:
         header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_HEADER,
-                                 max_bin_len=MAX_HEADER, max_array_len=4096, max_map_len=4096)
+                                 max_bin_len=MAX_HEADER, max_array_len=MAX_BATCH_JOBS,
+                                 max_map_len=MAX_BATCH_JOBS)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}") from None
     if not isinstance(header, dict):
@@ -216,13 +231,29 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]],
     frames: list[Frame] = []
     for name, value in arrays.items():
         array = np.asarray(value)
-        if array.dtype.name not in DTYPES:
-            raise ProtocolError(f"array '{name}': dtype {array.dtype.name} cannot travel")
+        dtype = wire_dtype(array)
+        specs.append(TensorSpec(name, dtype, tuple(array.shape)).to_wire())
+        if dtype == STRING:
+            frames.append(_pack_strings(name, array))
+            continue
+        if dtype not in DTYPES:
+            raise ProtocolError(f"array '{name}': dtype {dtype} cannot travel")
         array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
-        specs.append(TensorSpec(name, array.dtype.name, tuple(array.shape)).to_wire())
         frames.append(memoryview(array.data).cast("B") if array.nbytes >= ZERO_COPY_MIN
                       else array.tobytes())
     return specs, frames
+
+
+def wire_dtype(array: np.ndarray) -> str:
+    """The protocol's dtype name for an array: numpy's, or "string" for str/bytes/object."""
+    return STRING if is_string_array(array) else array.dtype.name
+
+
+def _pack_strings(name: str, array: np.ndarray) -> bytes:
+    try:
+        return pack_strings(array)
+    except TypeError as exc:
+        raise ProtocolError(f"array '{name}': {exc}") from None
 
 
 def unpack_arrays(specs: object, frames: Sequence[Frame],
@@ -232,6 +263,9 @@ def unpack_arrays(specs: object, frames: Sequence[Frame],
     check_frames(parsed, frames, max_elements)
     out: dict[str, np.ndarray] = {}
     for spec, frame in zip(parsed, frames, strict=True):
+        if spec.dtype == STRING:
+            out[spec.name] = unpack_strings(_buffer(frame), concrete_shape(spec))
+            continue
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         out[spec.name] = np.frombuffer(_buffer(frame), dtype=dtype).reshape(concrete_shape(spec))
     return out
@@ -249,10 +283,21 @@ def check_frames(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
             raise ProtocolError(f"{total} elements in all, more than the {max_elements} "
                                 "allowed per request")
     for spec, frame in zip(parsed, frames, strict=True):
+        if spec.dtype == STRING:
+            _check_strings(spec, frame)
+            continue
         expected = math.prod(concrete_shape(spec)) * ITEMSIZE[spec.dtype]
         if (length := _length(frame)) != expected:
             raise ProtocolError(f"array '{spec.name}': {length} bytes do not match "
                                 f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
+
+
+def _check_strings(spec: TensorSpec, frame: Frame) -> None:
+    try:
+        string_lengths(_buffer(frame), math.prod(concrete_shape(spec)))
+    except StringFrameError as exc:
+        raise ProtocolError(f"array '{spec.name}' (string shape {list(spec.shape)}): "
+                            f"{exc}") from None
 
 
 def concrete_shape(spec: TensorSpec) -> tuple[int, ...]:
@@ -272,7 +317,7 @@ def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
 
 def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray]) -> None:
     """Arrays against a model's input specs: names, dtypes, shapes, one batch size."""
-    check_specs(specs, [TensorSpec(name, a.dtype.name, tuple(a.shape))
+    check_specs(specs, [TensorSpec(name, wire_dtype(a), tuple(a.shape))
                         for name, a in arrays.items()])
 
 

@@ -8,11 +8,13 @@ poll then reads just the known pids.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import psutil
 
 DESCENDANT_REFRESH = 30.0
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def read_memory(pid: int, metric: str, descendants: Iterable[int] = ()) -> int | None:
@@ -28,12 +30,22 @@ def read_memory(pid: int, metric: str, descendants: Iterable[int] = ()) -> int |
 
 
 def _one(pid: int, metric: str) -> int | None:
+    if metric == "rss":
+        return _rss(pid)
     try:
-        proc = psutil.Process(pid)
-        if metric == "rss":
-            return int(proc.memory_info().rss)
-        return int(getattr(proc.memory_full_info(), metric))
+        return int(getattr(psutil.Process(pid).memory_full_info(), metric))
     except psutil.Error:
+        return None
+
+
+def _rss(pid: int) -> int | None:
+    """The figure psutil reports as rss, read straight from /proc/PID/statm: one small read
+    instead of psutil's two (it also reads /proc/PID/stat to tell pids apart), which was
+    most of the idle supervisor's sampling cost."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
         return None
 
 

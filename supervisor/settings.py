@@ -61,17 +61,23 @@ class Kind:
 
 
 class Int(Kind):
-    def __init__(self, minimum: int = 0) -> None:
-        self.minimum = minimum
+    def __init__(self, minimum: int = 0, maximum: int | None = None) -> None:
+        self.minimum, self.maximum = minimum, maximum
         self.expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        if maximum is not None:
+            self.expected += f" and <= {maximum}"
 
     def parse(self, value: object, path: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum or \
+                (self.maximum is not None and value > self.maximum):
             raise self.fail(value, path)
         return value
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "integer", "minimum": self.minimum}
+        bounds = {"minimum": self.minimum}
+        if self.maximum is not None:
+            bounds["maximum"] = self.maximum
+        return {"type": "integer", **bounds}
 
 
 class Float(Kind):

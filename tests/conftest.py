@@ -68,8 +68,23 @@ def models_dir() -> Iterator[Path]:
     subprocess.run([sys.executable, "-m", "supervisor", "demo-model", str(path / "demo_sm")],
                    check=True)
     demo_model.build(seed=11).save(path / "demo.keras")
+    save_text_model(path / "text_sm")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def save_text_model(path: Path) -> None:
+    """A SavedModel with a string input and a string output, as text models have."""
+    import tensorflow as tf
+
+    class Text(tf.Module):  # type: ignore[misc]
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(self, text: Any) -> dict[str, Any]:
+            return {"length": tf.strings.length(text, unit="UTF8_CHAR"),
+                    "upper": tf.strings.upper(text)}
+
+    module = Text()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
 
 
 def echo_model(workers: int = 2, **options: Any) -> dict[str, Any]:

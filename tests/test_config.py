@@ -81,6 +81,12 @@ def test_kill_memory_must_exceed_max_memory() -> None:
     assert error == "models.m.policy.kill_memory: must be larger than max_memory"
 
 
+def test_batch_size_is_bounded_by_what_one_message_may_list() -> None:
+    (error,) = errors_of("models: {m: {handler: 'a:b', batching: {max_batch_size: 5000}}}")
+    assert error == ("models.m.batching.max_batch_size: expected a positive integer and "
+                     "<= 4096, got 5000")
+
+
 def test_defaults_policy_lies_under_model_policy() -> None:
     config = parse_config("defaults: {policy: {max_jobs: 500, jitter: 0.2}}\n"
                           "models: {a: {handler: 'm:f', policy: {max_jobs: 10}}, "

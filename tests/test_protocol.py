@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.protocol import (
-    DTYPES,
     INFER,
+    NUMERIC_DTYPES,
     RESULT,
     VERSION,
     ZERO_COPY_MIN,
@@ -40,7 +40,7 @@ def test_message_round_trip() -> None:
     np.testing.assert_array_equal(arrays["x"], np.arange(6).reshape(2, 3))
 
 
-@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("dtype", sorted(NUMERIC_DTYPES))
 def test_every_allowed_dtype_round_trips(dtype: str) -> None:
     rng = np.random.default_rng(0)
     array = (rng.standard_normal((3, 2)) * 10).astype(dtype)
@@ -48,6 +48,43 @@ def test_every_allowed_dtype_round_trips(dtype: str) -> None:
     out = unpack_arrays(specs, frames)["a"]
     assert out.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(out, array)
+
+
+def test_strings_round_trip_as_bytes() -> None:
+    array = np.array([["héllo", b"raw\x00bytes"], ["", "TensorFlow"]], dtype=object)
+    specs, frames = pack_arrays({"s": array, "u": np.array(["ab", "c"]),
+                                 "b": np.array([b"x", b"yz"])})
+    assert [s["dtype"] for s in specs] == ["string"] * 3
+    out = unpack_arrays(specs, [zmq.Frame(bytes(f)) for f in frames])
+    assert out["s"].dtype == object and out["s"].shape == (2, 2)
+    assert out["s"].tolist() == [["héllo".encode(), b"raw\x00bytes"], [b"", b"TensorFlow"]]
+    assert out["u"].tolist() == [b"ab", b"c"] and out["b"].tolist() == [b"x", b"yz"]
+    assert unpack_arrays(*pack_arrays({"e": np.empty((0, 3), object)}))["e"].shape == (0, 3)
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30))
+def test_string_round_trip_property(items: list[bytes]) -> None:
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    specs, frames = pack_arrays({"s": array})
+    assert unpack_arrays(specs, frames)["s"].tolist() == items
+
+
+def test_a_string_array_holding_other_objects_cannot_travel() -> None:
+    with pytest.raises(ProtocolError, match="holds int"):
+        pack_arrays({"s": np.array(["a", 3], dtype=object)})
+
+
+@pytest.mark.parametrize(("frame", "fragment"), [
+    (b"\x05\x00\x00", "cannot hold the lengths of 2"),
+    (b"\x01\x00\x00\x00\x01\x00\x00\x00a", "add up to 2 bytes, but 1"),
+    (b"\x01\x00\x00\x00\x00\x00\x00\x00abc", "add up to 1 bytes, but 3"),
+    (b"\xff\xff\xff\xff\x00\x00\x00\x00", "add up to 4294967295"),
+])
+def test_malformed_string_frames_are_refused(frame: bytes, fragment: str) -> None:
+    spec = [{"name": "s", "dtype": "string", "shape": [2]}]
+    with pytest.raises(ProtocolError, match=fragment):
+        unpack_arrays(spec, [frame])
 
 
 def test_large_arrays_are_not_copied_when_packed() -> None:
@@ -174,7 +211,7 @@ def test_fuzzed_headers_never_crash_unpacking(header: dict[str, object],
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(sorted(DTYPES)),
+@given(st.sampled_from(sorted(NUMERIC_DTYPES)),
        st.lists(st.integers(0, 5), min_size=0, max_size=4))
 def test_array_round_trip_property(dtype: str, shape: list[int]) -> None:
     array = np.zeros(shape, dtype=dtype)

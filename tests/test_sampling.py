@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 import psutil
 
@@ -32,3 +33,13 @@ def test_descendants_are_found_and_counted() -> None:
         root.kill()
         root.wait()
     assert read_memory(root.pid, "rss") is None  # gone
+
+
+def test_rss_is_the_figure_psutil_reports() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.3)  # past exec: a sleeping process's memory holds still
+        assert read_memory(proc.pid, "rss") == psutil.Process(proc.pid).memory_info().rss
+    finally:
+        proc.kill()
+        proc.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import zmq.auth
 
+from supervisor.aclient import AsyncClient
 from supervisor.client import BadRequest, Client, JobError, NoReply
 from supervisor.config import parse_config
 from supervisor.settings import ConfigErrors
@@ -147,6 +149,40 @@ def test_client_fails_over_when_a_supervisor_is_killed(supervisor_factory: Any) 
     for t in threads:
         t.join(30)
     client.close()
+    assert all(n > 0 for n in served_before), served_before  # both took work
+    assert len(outcomes) > 100
+    assert set(outcomes) == {"ok"}, {o: outcomes.count(o) for o in set(outcomes)}
+
+
+def test_async_client_fails_over_when_a_supervisor_is_killed(supervisor_factory: Any) -> None:
+    ports = [_port(), _port()]
+    sups = [supervisor_factory({"supervisor": {"endpoints": [f"tcp://127.0.0.1:{p}"]},
+                                "models": {"m": echo_model(2, delay=0.01)}}) for p in ports]
+
+    async def run() -> tuple[list[int], list[str]]:
+        outcomes: list[str] = []
+        stop = asyncio.Event()
+        async with AsyncClient([f"tcp://127.0.0.1:{p}" for p in ports], timeout=20) as client:
+            async def submit(seed: int) -> None:
+                i = seed
+                while not stop.is_set():
+                    i += 8
+                    try:
+                        out = await client.infer("m", {"x": np.full((1, 4), i, np.float32)})
+                        outcomes.append("ok" if out["x"][0, 0] == i else "wrong")
+                    except JobError as exc:
+                        outcomes.append(exc.code)
+
+            tasks = [asyncio.create_task(submit(seed)) for seed in range(8)]
+            await asyncio.sleep(1.5)
+            served = [sum(w["jobs"] for w in s.workers("m")) for s in sups]
+            sups[0].process.kill()  # SIGKILL with calls out: they must be retried elsewhere
+            await asyncio.sleep(2.0)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        return served, outcomes
+
+    served_before, outcomes = asyncio.run(run())
     assert all(n > 0 for n in served_before), served_before  # both took work
     assert len(outcomes) > 100
     assert set(outcomes) == {"ok"}, {o: outcomes.count(o) for o in set(outcomes)}

@@ -19,8 +19,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from supervisor.aclient import AsyncClient
 from supervisor.client import (
-    AsyncClient,
     BadRequest,
     Client,
     NoReply,

@@ -26,6 +26,7 @@ def tf_sup(models_dir: Path) -> Iterator[Supervisor]:
     sup = start_supervisor({"models": {
         "sm": {"saved_model": str(models_dir / "demo_sm"), "workers": 2, "tf": threads},
         "kr": {"keras": str(models_dir / "demo.keras"), "workers": 1, "tf": threads},
+        "text": {"saved_model": str(models_dir / "text_sm"), "workers": 1, "tf": threads},
     }})
     try:
         sup.wait_ready(timeout=180)
@@ -108,3 +109,35 @@ def test_cli_infer_random_and_status_json(tf_sup: Supervisor) -> None:
         assert {"id", "pid", "state", "rss", "jobs", "age"} <= set(worker)
         assert worker["rss"] > 100 * 1024**2  # a TF process
     assert report["models"]["sm"]["recycles"] == {}
+
+
+def test_string_inputs_and_outputs(tf_sup: Supervisor, models_dir: Path) -> None:
+    loaded = tf.saved_model.load(str(models_dir / "text_sm"))
+    texts = np.array(["héllo wörld", "", "TensorFlow", b"bytes too"], dtype=object)
+    expected = loaded.signatures["serving_default"](text=tf.constant(texts))
+    with tf_sup.client(timeout=60) as client:
+        spec = client.models()["text"]
+        assert spec["inputs"] == [{"name": "text", "dtype": "string", "shape": [None]}]
+        out = client.infer("text", {"text": texts})
+    assert out["length"].tolist() == [11, 0, 10, 9]
+    assert out["upper"].tolist() == expected["upper"].numpy().tolist()
+    assert out["upper"][2] == b"TENSORFLOW"
+
+
+def test_string_jobs_batched_together_each_get_their_own_rows(tf_sup: Supervisor) -> None:
+    def one(i: int) -> bool:
+        words = np.array([f"job{i}-" + "x" * (i % 7) for _ in range(1 + i % 3)], dtype=object)
+        with tf_sup.client(timeout=60) as client:
+            out = client.infer("text", {"text": words})
+        return out["upper"].tolist() == [w.upper().encode() for w in words]
+
+    sent_before = tf_sup.status()["models"]["text"]["batches"]["sent"]
+    with ThreadPoolExecutor(12) as pool:
+        assert all(pool.map(one, range(120)))
+    sent = tf_sup.status()["models"]["text"]["batches"]["sent"] - sent_before
+    assert sent < 120  # concurrent string jobs did share batches
+
+
+def test_numbers_sent_to_a_string_input_are_refused(tf_sup: Supervisor) -> None:
+    with tf_sup.client(timeout=30) as client, pytest.raises(BadRequest, match="string"):
+        client.infer("text", {"text": np.zeros(3, np.float32)})

@@ -30,6 +30,7 @@ from supervisor.protocol import (
     decode,
     encode,
     pack_results,
+    wire_dtype,
 )
 from supervisor.transport import recv, send
 from worker import recycle_requested, runtime
@@ -110,7 +111,7 @@ def boot(spec: dict[str, Any]) -> Runner:
         except Exception as exc:
             raise LoadError(f"warm-up inference failed: {type(exc).__name__}: {exc}") from exc
         if runner.outputs is None:
-            runner.outputs = [TensorSpec(n, a.dtype.name, (None, *a.shape[1:]))
+            runner.outputs = [TensorSpec(n, wire_dtype(a), (None, *a.shape[1:]))
                               for n, a in outputs.items()]
     return runner
 

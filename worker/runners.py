@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from supervisor.protocol import DTYPES, TensorSpec
+from supervisor.strings import STRING
 
 Arrays = dict[str, np.ndarray]
 
@@ -136,5 +137,11 @@ def _declared(handler: Any, attribute: str) -> list[TensorSpec] | None:
 
 def warmup_inputs(specs: list[TensorSpec]) -> Arrays:
     """A batch of one built from the specs (unknown dimensions taken as 1)."""
-    return {s.name: np.zeros(tuple(1 if d is None else d for d in s.shape), dtype=s.dtype)
+    return {s.name: _zeros(s.dtype, tuple(1 if d is None else d for d in s.shape))
             for s in specs}
+
+
+def _zeros(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    if dtype == STRING:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=dtype)

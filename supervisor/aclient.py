@@ -1,0 +1,171 @@
+"""AsyncClient: the calls of ``Client`` with ``await``, for one asyncio event loop, with the
+same failover rules (see ``Client`` and docs/deployment.md).
+
+    async with AsyncClient(["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]) as client:
+        outputs = await client.infer("demo", {"features": batch})
+
+One socket per supervisor carries every concurrent call to it; a reader task routes each
+reply to its call by job id, and a watcher fails the calls still out when the connection
+drops, so they can be retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zmq.asyncio
+
+from supervisor.client import (
+    CONNECT_WAIT,
+    Lost,
+    NotSent,
+    Rotation,
+    dropped,
+    endpoint_list,
+    error_from,
+    outcome,
+    refresh_deadline,
+    refused_here,
+    reply_wait,
+    request_message,
+    silent,
+    unreachable,
+    watched_dealer,
+)
+from supervisor.protocol import ERROR, MODELS, Message, ProtocolError, decode, encode
+
+
+class _AsyncLink:
+    """One socket to one supervisor, shared by every call of the event loop."""
+
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str,
+                 curve: tuple[Any, ...] | None) -> None:
+        self.endpoint = endpoint
+        self.sock, self.monitor = watched_dealer(context, endpoint, curve)
+        self.waiting: dict[bytes, asyncio.Future[Message]] = {}
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._read()), loop.create_task(self._watch())]
+
+    async def exchange(self, msg: Message, deadline: float) -> Message:
+        """The reply to ``msg``; NotSent, Lost or TimeoutError as for ``Client``."""
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.waiting[msg.job_id] = future
+        try:
+            wait = min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
+            try:  # IMMEDIATE: a send waits while no connection is up
+                await asyncio.wait_for(self.sock.send_multipart(encode(msg)), wait)
+            except TimeoutError:
+                raise NotSent from None
+            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
+        finally:
+            self.waiting.pop(msg.job_id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # seen: a drop noticed after NotSent raises no warning
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            try:
+                reply = decode(frames)
+            except ProtocolError:
+                continue
+            future = self.waiting.get(reply.job_id)
+            if future is not None and not future.done():
+                future.set_result(reply)  # else: late, for a call that timed out
+
+    async def _watch(self) -> None:
+        while True:
+            await self.monitor.recv_multipart()  # the connection dropped
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(Lost())
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
+        self.sock.close(linger=0)
+
+
+class AsyncClient:
+    """Like ``Client``: round-robin over the supervisors, retrying elsewhere when the job
+    surely did not run, and after a dropped connection only if ``retry_unanswered``."""
+
+    def __init__(self, endpoint: str | Sequence[str], timeout: float = 30.0, *,
+                 server_key: str | bytes | None = None, client_cert: str | None = None,
+                 retry_unanswered: bool = True) -> None:
+        self.endpoints = endpoint_list(endpoint)
+        self.timeout = timeout
+        self.retry_unanswered = retry_unanswered
+        self._curve = (server_key, client_cert) if server_key and client_cert else None
+        self._context = zmq.asyncio.Context.instance()
+        self._links: dict[str, _AsyncLink] = {}
+        self._rotation = Rotation(self.endpoints)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            await link.close()
+
+    async def infer(self, model: str, inputs: Mapping[str, Any],
+                    timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run one job; returns the model's outputs or raises a JobError subclass."""
+        timeout = self.timeout if timeout is None else timeout
+        return outcome(await self._call(request_message(model, inputs, timeout),
+                                        reply_wait(timeout)))
+
+    async def models(self, timeout: float | None = None) -> dict[str, Any]:
+        """Served models: input/output specs, ready workers, availability."""
+        reply = await self._call(Message(MODELS, uuid.uuid4().bytes), timeout or self.timeout)
+        if reply.kind == ERROR:
+            raise error_from(reply.header)
+        return dict(reply.header.get("models", {}))
+
+    async def _call(self, msg: Message, timeout: float) -> Message:
+        deadline = time.monotonic() + timeout
+        tried: list[str] = []
+        last: Message | None = None
+        while (endpoint := self._rotation.pick(tried)) is not None:
+            tried.append(endpoint)
+            refresh_deadline(msg, deadline)
+            try:
+                reply = await self._link(endpoint).exchange(msg, deadline)
+            except NotSent:
+                self._rotation.mark_down(endpoint)
+                continue
+            except Lost:
+                self._rotation.mark_down(endpoint)
+                if not self.retry_unanswered:
+                    raise dropped(endpoint) from None
+                continue
+            except TimeoutError:
+                raise silent(endpoint, timeout) from None
+            if refused_here(reply):
+                self._rotation.mark_down(endpoint)
+                last = reply
+                continue
+            return reply
+        if last is not None:
+            return last  # every supervisor refused: the last refusal is the answer
+        raise unreachable(self.endpoints, timeout)
+
+    def _link(self, endpoint: str) -> _AsyncLink:
+        link = self._links.get(endpoint)
+        if link is None:
+            link = self._links[endpoint] = _AsyncLink(self._context, endpoint, self._curve)
+        return link
