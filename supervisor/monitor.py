@@ -101,15 +101,17 @@ class Monitor:
     def _judge(self, state: ModelState, now: float) -> None:
         policy = state.config.policy
         candidates = []
-        for worker in self.pool.ready(state.name):
-            if worker.leaving:
+        for worker in self.pool.of_model(state.name):
+            if worker.state not in (State.READY, State.DRAINING):
                 continue
             facts = WorkerFacts(worker.started_at, worker.jobs, worker.jitter,
                                 worker.trend_streak, worker.ready_at)
             verdict = evaluate(list(worker.history), facts, policy, now)
             worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
-            if verdict.action is Action.KILL:
+            if verdict.action is Action.KILL:  # kill_memory holds for a leaving worker too
                 self.kill(worker, verdict, now)
+            elif worker.leaving:
+                self._over_limit_while_replaced(worker, verdict, now)
             elif verdict.action is Action.RECYCLE:
                 candidates.append(Candidate(worker, verdict.reason, verdict))
             elif worker.id in self.requested:
@@ -123,6 +125,18 @@ class Monitor:
         graceful = [c for c in candidates if c.reason not in OVER_LIMIT]
         for candidate in graceful[:self.free_slots(state)]:
             self.start_recycle(candidate.worker, candidate.reason, candidate.verdict, now)
+
+    def _over_limit_while_replaced(self, worker: WorkerHandle, verdict: Verdict,
+                                   now: float) -> None:
+        """A worker serving on until its replacement is ready (a trend or lifetime recycle)
+        that crosses max_memory or max_vram stops taking jobs now, as it would have had the
+        limit been crossed first."""
+        if worker.state is not State.READY or verdict.action is not Action.RECYCLE or \
+                verdict.reason not in OVER_LIMIT:
+            return
+        log.info("worker_draining_early", model=worker.model, worker=worker.id, pid=worker.pid,
+                 reason=verdict.reason, detail=verdict.detail, recycling_for=worker.recycle_reason)
+        self.pool.begin_drain(worker, verdict.reason, now)
 
     def free_slots(self, state: ModelState) -> int:
         busy = sum(1 for w in self.pool.of_model(state.name)
@@ -165,8 +179,9 @@ class Monitor:
             self.pool.begin_drain(worker, reason, now)
 
     def kill(self, worker: WorkerHandle, verdict: Verdict, now: float) -> None:
-        self.pool.count_recycle(worker, verdict.reason, now)
-        self._note_churn(worker, verdict.reason, now)
+        if not worker.leaving:  # a leaving worker's recycle was counted when it began
+            self.pool.count_recycle(worker, verdict.reason, now)
+            self._note_churn(worker, verdict.reason, now)
         log.warning("worker_killed", **self._event(worker, verdict.reason, verdict, now))
         self.pool.kill(worker, verdict.reason)
 

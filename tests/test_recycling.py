@@ -162,6 +162,27 @@ def test_without_surge_the_old_worker_drains_first(supervisor_factory: Any) -> N
     assert watch.min_ready == 0
 
 
+def test_a_worker_being_replaced_stops_serving_once_over_max_memory(
+        supervisor_factory: Any) -> None:
+    # A lifetime recycle lets the old worker serve on while its replacement loads (5 s).
+    # Leaking 1 MiB a job, it crosses max_memory long before that and must stop at once:
+    # without the early drain it would reach several hundred MB.
+    leak = 1 * MB
+    sup = supervisor_factory({"supervisor": {"poll_interval": f"{POLL}s"}, "models": {"m": {
+        "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+        "options": {"bytes_per_job": leak, "delay": JOB_DELAY, "startup_seconds": 5.0},
+        "policy": {"max_jobs": 20, "jitter": 0.0, "max_memory": MAX_MEMORY,
+                   "max_growth_per_1k_jobs": None, "max_growth_per_hour": None,
+                   "drain_timeout": "10s"}}}})
+    with MemoryWatch(sup, "m") as watch, Load(sup, ["m"], threads=3) as load:
+        sup.wait_for(lambda _: '"event": "worker_draining_early"' in sup.log(), 60,
+                     "an early drain")
+        time.sleep(1.0)
+    assert load.failures == []  # jobs waited in the queue while no worker was ready
+    growth_per_poll = (1 / JOB_DELAY) * POLL * leak + 2 * leak
+    assert max(watch.peak.values()) <= MAX_MEMORY + growth_per_poll, watch.peak
+
+
 def test_kill_memory_kills_at_once_and_loses_nothing(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"supervisor": {"poll_interval": "0.1s"}, "models": {"m": {
         "handler": "worker.handlers:leak", "workers": 2, "batching": {"max_batch_size": 1},

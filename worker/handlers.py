@@ -1,7 +1,8 @@
 """Built-in handlers, TF-free: for tests, fault drills and trying the supervisor out.
 
 Each is a factory ``f(options) -> callable``. Options common to all:
-  ``inputs``: {name: {dtype, shape}} declared to the supervisor (default x: float32[None, 4]).
+  ``inputs``: {name: {dtype, shape}} declared to the supervisor (default x: float32[None, 4]);
+  ``startup_seconds``: time spent loading, as a real model takes (default 0).
 Markers let a test ask one job to misbehave: a first element equal to ``crash_on`` kills the
 worker, ``hang_on`` hangs it (native-style, ignoring SIGTERM), ``sleep_on`` sleeps
 ``sleep_seconds`` before answering.
@@ -40,6 +41,7 @@ class Echo:
         self.delay = float(options.get("delay", 0.0))
         self.recycle_after = options.get("recycle_after")  # calls, then request_recycle()
         self.calls = 0
+        time.sleep(float(options.get("startup_seconds", 0.0)))
 
     def __call__(self, inputs: Arrays) -> Arrays:
         first = next(iter(inputs.values()))
