@@ -22,22 +22,15 @@ import numpy as np
 import zmq.asyncio
 
 from supervisor.client import (
-    CONNECT_WAIT,
-    Lost,
-    NotSent,
-    Rotation,
-    dropped,
     endpoint_list,
-    error_from,
     outcome,
     refresh_deadline,
-    refused_here,
     reply_wait,
     request_message,
-    silent,
-    unreachable,
     watched_dealer,
 )
+from supervisor.errors import error_from
+from supervisor.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.protocol import ERROR, MODELS, Message, ProtocolError, decode, encode
 
 
@@ -138,31 +131,22 @@ class AsyncClient:
 
     async def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
-        tried: list[str] = []
-        last: Message | None = None
-        while (endpoint := self._rotation.pick(tried)) is not None:
-            tried.append(endpoint)
+        attempt = Attempt(self._rotation, self.retry_unanswered, timeout)
+        for endpoint in attempt.endpoints():
             refresh_deadline(msg, deadline)
             try:
                 reply = await self._link(endpoint).exchange(msg, deadline)
             except NotSent:
-                self._rotation.mark_down(endpoint)
+                attempt.not_sent(endpoint)
                 continue
-            except Lost:
-                self._rotation.mark_down(endpoint)
-                if not self.retry_unanswered:
-                    raise dropped(endpoint) from None
+            except Lost:  # the socket reconnects by itself: it is kept
+                attempt.lost(endpoint)
                 continue
             except TimeoutError:
-                raise silent(endpoint, timeout) from None
-            if refused_here(reply):
-                self._rotation.mark_down(endpoint)
-                last = reply
-                continue
-            return reply
-        if last is not None:
-            return last  # every supervisor refused: the last refusal is the answer
-        raise unreachable(self.endpoints, timeout)
+                raise attempt.silent(endpoint) from None
+            if attempt.answered(endpoint, reply):
+                return reply
+        return attempt.outcome()
 
     def _link(self, endpoint: str) -> _AsyncLink:
         link = self._links.get(endpoint)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import uuid
@@ -20,7 +19,22 @@ from typing import Any
 import numpy as np
 import zmq
 
-from supervisor import protocol
+from supervisor.errors import (
+    ERRORS,
+    BadRequest,
+    DeadlineExceeded,
+    InternalError,
+    JobError,
+    JobTimeout,
+    NoReply,
+    Overloaded,
+    ShuttingDown,
+    Unavailable,
+    UnknownModel,
+    WorkerCrashed,
+    error_from,
+)
+from supervisor.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.protocol import (
     CONTROL,
     ERROR,
@@ -36,71 +50,9 @@ from supervisor.protocol import (
 from supervisor.security import make_curve_client
 from supervisor.transport import recv, send
 
-
-class JobError(Exception):
-    """A job answered with an error. ``code`` is one of the protocol's error codes."""
-
-    code = "error"
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(f"{code or self.code}: {message}")
-        self.message = message
-        if code is not None:
-            self.code = code
-
-
-class UnknownModel(JobError):
-    code = protocol.UNKNOWN_MODEL
-
-
-class BadRequest(JobError):
-    code = protocol.BAD_REQUEST
-
-
-class Overloaded(JobError):
-    code = protocol.OVERLOADED
-
-
-class DeadlineExceeded(JobError):
-    code = protocol.DEADLINE_EXCEEDED
-
-
-class WorkerCrashed(JobError):
-    code = protocol.WORKER_CRASHED
-
-
-class JobTimeout(JobError):
-    code = protocol.TIMEOUT
-
-
-class ShuttingDown(JobError):
-    code = protocol.SHUTTING_DOWN
-
-
-class Unavailable(JobError):
-    code = protocol.UNAVAILABLE
-
-
-class InternalError(JobError):
-    code = protocol.INTERNAL
-
-
-class NoReply(JobError):
-    """No answer within the client's timeout: the supervisor is down or unreachable, or the
-    message was over its size limit (which ZeroMQ drops without a word)."""
-
-    code = "no_reply"
-
-
-ERRORS: dict[str, type[JobError]] = {cls.code: cls for cls in (
-    UnknownModel, BadRequest, Overloaded, DeadlineExceeded, WorkerCrashed, JobTimeout,
-    ShuttingDown, Unavailable, InternalError)}
-
-
-def error_from(header: Mapping[str, Any]) -> JobError:
-    code = str(header.get("code", protocol.INTERNAL))
-    message = str(header.get("message", ""))
-    return ERRORS.get(code, JobError)(message, code)
+__all__ = ["ERRORS", "BadRequest", "Client", "DeadlineExceeded", "InternalError", "JobError",
+           "JobTimeout", "NoReply", "Overloaded", "ShuttingDown", "Unavailable", "UnknownModel",
+           "WorkerCrashed", "control", "error_from"]
 
 
 def reply_wait(timeout: float) -> float:
@@ -140,63 +92,6 @@ def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = T
     for endpoint in endpoints:
         sock.connect(endpoint)
     return sock
-
-
-# Answers that mean the job did not run there: another supervisor may take it at once.
-RETRY_ELSEWHERE = frozenset({protocol.SHUTTING_DOWN, protocol.OVERLOADED, protocol.UNAVAILABLE})
-# How long an endpoint is passed over after it failed us.
-DOWN_SECONDS = 5.0
-# How long a send may wait for a connection before that endpoint counts as down.
-CONNECT_WAIT = 1.0
-
-
-def refused_here(reply: Message) -> bool:
-    """An answer saying the job did not run on that supervisor."""
-    return reply.kind == ERROR and reply.header.get("code") in RETRY_ELSEWHERE
-
-
-class Rotation:
-    """Round-robin over a client's endpoints, passing over ones that failed it lately."""
-
-    def __init__(self, endpoints: list[str]) -> None:
-        self.endpoints = endpoints
-        self._turn = itertools.count()
-        self._down: dict[str, float] = {}  # endpoint -> monotonic time it may be tried again
-
-    def pick(self, tried: list[str]) -> str | None:
-        """The next endpoint not yet tried for this job: healthy ones first."""
-        start = next(self._turn)
-        order = [self.endpoints[(start + i) % len(self.endpoints)]
-                 for i in range(len(self.endpoints))]
-        now = time.monotonic()
-        fresh = [e for e in order if e not in tried]
-        healthy = [e for e in fresh if self._down.get(e, 0.0) <= now]
-        choices = healthy or fresh
-        return choices[0] if choices else None
-
-    def mark_down(self, endpoint: str) -> None:
-        self._down[endpoint] = time.monotonic() + DOWN_SECONDS
-
-
-def dropped(endpoint: str) -> NoReply:
-    return NoReply(f"the connection to {endpoint} dropped while the job was out; it may have "
-                   "run (retry_unanswered is off)")
-
-
-def silent(endpoint: str, timeout: float) -> NoReply:
-    return NoReply(f"no reply from {endpoint} within {timeout:g}s")
-
-
-def unreachable(endpoints: list[str], timeout: float) -> NoReply:
-    return NoReply(f"no supervisor reachable at {', '.join(endpoints)} within {timeout:g}s")
-
-
-class NotSent(Exception):
-    """No connection to that supervisor: the job never left; safe to send elsewhere."""
-
-
-class Lost(Exception):
-    """The connection dropped while the job was out: it may or may not have run."""
 
 
 def watched_dealer(context: zmq.Context[Any], endpoint: str,
@@ -307,33 +202,25 @@ class Client:
 
     def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
-        tried: list[str] = []
-        last: Message | None = None
-        while (endpoint := self._rotation.pick(tried)) is not None:
-            tried.append(endpoint)
+        attempt = Attempt(self._rotation, self.retry_unanswered, timeout)
+        for endpoint in attempt.endpoints():
             link = self._link(endpoint)
             refresh_deadline(msg, deadline)
             try:
                 reply = link.exchange(msg, deadline)
             except NotSent:
-                self._rotation.mark_down(endpoint)
+                attempt.not_sent(endpoint)
                 continue
             except Lost:
-                self._forget(link, down=True)
-                if not self.retry_unanswered:
-                    raise dropped(endpoint) from None
+                self._forget(link)
+                attempt.lost(endpoint)
                 continue
             except TimeoutError:
-                self._forget(link, down=False)  # a late reply must not confuse the next call
-                raise silent(endpoint, timeout) from None
-            if refused_here(reply):
-                self._rotation.mark_down(endpoint)
-                last = reply
-                continue
-            return reply
-        if last is not None:
-            return last  # every supervisor refused: the last refusal is the answer
-        raise unreachable(self.endpoints, timeout)
+                self._forget(link)  # a late reply must not confuse the next call
+                raise attempt.silent(endpoint) from None
+            if attempt.answered(endpoint, reply):
+                return reply
+        return attempt.outcome()
 
     def _link(self, endpoint: str) -> _Link:
         links: dict[str, _Link] = self._local.__dict__.setdefault("links", {})
@@ -345,9 +232,7 @@ class Client:
                 self._links.append(link)
         return link
 
-    def _forget(self, link: _Link, down: bool) -> None:
-        if down:
-            self._rotation.mark_down(link.endpoint)
+    def _forget(self, link: _Link) -> None:
         self._local.__dict__.get("links", {}).pop(link.endpoint, None)
         with self._lock:
             if link in self._links:
