@@ -272,6 +272,26 @@ def test_fuzzed_messages_get_one_reply_each(echo_sup: Supervisor, data: st.DataO
     assert decode(reply).kind in answers
 
 
+def test_string_jobs_through_a_handler_and_bad_string_frames_at_the_door(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"words": echo_model(
+        1, inputs={"s": {"dtype": "string", "shape": [None]}})}})
+    words = np.array(["ünïcode", "", "x" * 1000], dtype=object)
+    with sup.client() as client:
+        assert client.infer("words", {"s": words})["s"].tolist() == \
+            [w.encode() for w in words]
+        with pytest.raises(BadRequest, match="string"):
+            client.infer("words", {"s": np.ones(3, np.float32)})
+    spec = {"name": "s", "dtype": "string", "shape": [2]}
+    for frame, fragment in ((b"\x01\x00\x00\x00\x09\x00\x00\x00ab", b"add up to 10"),
+                            (b"\x01\x00", b"cannot hold")):
+        reply = _raw(sup, encode(Message(INFER, b"bad", {"model": "words", "inputs": [spec]},
+                                         [frame])))
+        assert reply is not None
+        msg = decode(reply)
+        assert msg.header["code"] == "bad_request" and fragment.decode() in msg.header["message"]
+
+
 def test_oversized_messages_are_dropped_silently(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"supervisor": {"max_message_size": "1MiB"},
                               "models": {"echo": echo_model(1)}})

@@ -44,9 +44,7 @@ class Echo:
         time.sleep(float(options.get("startup_seconds", 0.0)))
 
     def __call__(self, inputs: Arrays) -> Arrays:
-        first = next(iter(inputs.values()))
-        # Each row's first element is its marker: a batch may hold several jobs.
-        markers = {float(row.ravel()[0]) for row in first if row.size} if first.ndim else set()
+        markers = _markers(next(iter(inputs.values())))
         if self.crash_on in markers:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.hang_on in markers:
@@ -64,6 +62,14 @@ class Echo:
 
     def respond(self, inputs: Arrays) -> Arrays:
         return {name: np.array(value) for name, value in inputs.items()}
+
+
+def _markers(first: np.ndarray) -> set[float]:
+    """Each row's first element is its marker (a batch may hold several jobs); strings carry
+    none."""
+    if first.ndim == 0 or first.dtype.kind not in "biuf":
+        return set()
+    return {float(row.ravel()[0]) for row in first if row.size}
 
 
 class Leak(Echo):
