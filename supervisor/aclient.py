@@ -22,6 +22,7 @@ import numpy as np
 import zmq.asyncio
 
 from supervisor.client import (
+    curve_keys,
     endpoint_list,
     outcome,
     refresh_deadline,
@@ -99,7 +100,7 @@ class AsyncClient:
         self.endpoints = endpoint_list(endpoint)
         self.timeout = timeout
         self.retry_unanswered = retry_unanswered
-        self._curve = (server_key, client_cert) if server_key and client_cert else None
+        self._curve = curve_keys(server_key, client_cert)
         self._context = zmq.asyncio.Context.instance()
         self._links: dict[str, _AsyncLink] = {}
         self._rotation = Rotation(self.endpoints)

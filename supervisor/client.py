@@ -55,6 +55,12 @@ __all__ = ["ERRORS", "BadRequest", "Client", "DeadlineExceeded", "InternalError"
            "WorkerCrashed", "control", "error_from"]
 
 
+def curve_keys(server_key: str | bytes | None,
+               client_cert: str | None) -> tuple[str | bytes, str] | None:
+    """The CURVE keys a client socket needs, or None for a plain connection."""
+    return (server_key, client_cert) if server_key and client_cert else None
+
+
 def reply_wait(timeout: float) -> float:
     """How long to wait for a reply to a job sent with ``timeout``: a little longer, so the
     supervisor's own verdict (deadline_exceeded, say) arrives rather than a bare NoReply."""
@@ -167,7 +173,7 @@ class Client:
         self.endpoints = endpoint_list(endpoint)
         self.timeout = timeout
         self.retry_unanswered = retry_unanswered
-        self._curve = (server_key, client_cert) if server_key and client_cert else None
+        self._curve = curve_keys(server_key, client_cert)
         self._context = context or zmq.Context.instance()
         self._local = threading.local()
         self._links: list[_Link] = []
@@ -253,7 +259,7 @@ def control(endpoint: str, command: str, timeout: float = 10.0, *,
     """Send one control command (status, recycle, reload) and return its result; raises
     JobError. A TCP control endpoint needs the CURVE keys."""
     context: zmq.Context[Any] = zmq.Context.instance()
-    curve = (server_key, client_cert) if server_key and client_cert else None
+    curve = curve_keys(server_key, client_cert)
     sock = _dealer(context, [endpoint], immediate=False, curve=curve)
     try:
         sock.send_multipart(encode(Message(CONTROL, b"", {"command": command, **args})))

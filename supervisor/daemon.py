@@ -34,6 +34,7 @@ from supervisor.protocol import (
     INFER,
     INTERNAL_HOP,
     JOB,
+    MAX_JOB_ID,
     MODELS,
     READY,
     RESULTS,
@@ -535,6 +536,6 @@ def _limits(sup: SupervisorSection) -> Limits:
 def _job_id_of(body: list[Frame]) -> bytes:
     if len(body) >= 3:
         raw = body[2].bytes if isinstance(body[2], zmq.Frame) else bytes(body[2])
-        if len(raw) <= 64:
+        if len(raw) <= MAX_JOB_ID:
             return raw
     return b""

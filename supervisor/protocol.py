@@ -259,7 +259,12 @@ def _pack_strings(name: str, array: np.ndarray) -> bytes:
 def unpack_arrays(specs: object, frames: Sequence[Frame],
                   max_elements: int | None = None) -> dict[str, np.ndarray]:
     """Arrays from specs and frames, each checked against its dtype and shape (no copy)."""
-    parsed = parse_specs(specs)
+    return arrays_from(parse_specs(specs), frames, max_elements)
+
+
+def arrays_from(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
+                max_elements: int | None = None) -> dict[str, np.ndarray]:
+    """unpack_arrays for specs already parsed."""
     check_frames(parsed, frames, max_elements)
     out: dict[str, np.ndarray] = {}
     for spec, frame in zip(parsed, frames, strict=True):
@@ -315,15 +320,9 @@ def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
     return parsed
 
 
-def check_arrays(specs: Sequence[TensorSpec], arrays: Mapping[str, np.ndarray]) -> None:
-    """Arrays against a model's input specs: names, dtypes, shapes, one batch size."""
-    check_specs(specs, [TensorSpec(name, wire_dtype(a), tuple(a.shape))
-                        for name, a in arrays.items()])
-
-
 def check_specs(specs: Sequence[TensorSpec], got: Sequence[TensorSpec]) -> None:
-    """Concrete array specs against a model's input specs (check_arrays without arrays: the
-    door checks a request from its header alone)."""
+    """Concrete array specs against a model's input specs: names, dtypes, shapes, one batch
+    size. Both the door and the worker check a request from its header alone."""
     wanted = {s.name: s for s in specs}
     names = [g.name for g in got]
     if set(names) != set(wanted):

@@ -18,11 +18,11 @@ from supervisor.protocol import (
     Frame,
     Message,
     ProtocolError,
-    TensorSpec,
-    check_arrays,
+    arrays_from,
+    check_specs,
     error_message,
     pack_arrays,
-    unpack_arrays,
+    parse_specs,
 )
 from worker.runners import Runner
 
@@ -56,8 +56,10 @@ def run_batch(runner: Runner, msg: Message) -> list[Message]:
 def _unpack(runner: Runner, job_id: bytes, specs: object, frames: list[Frame],
             replies: list[Message]) -> Part | None:
     try:
-        inputs = unpack_arrays(specs, frames)
-        check_inputs(runner.inputs, inputs)
+        parsed = parse_specs(specs)
+        if runner.inputs is not None:  # defence in depth: the door checked when it knew
+            check_specs(runner.inputs, parsed)
+        inputs = arrays_from(parsed, frames)
     except ProtocolError as exc:
         replies.append(error_message(job_id, BAD_REQUEST, str(exc)))
         return None
@@ -107,12 +109,6 @@ def combine(parts: list[Part], size: int) -> Arrays:
             pieces.append(np.repeat(last, size - rows, axis=0))
         combined[name] = np.concatenate(pieces, axis=0)
     return combined
-
-
-def check_inputs(specs: list[TensorSpec] | None, inputs: Arrays) -> None:
-    """Defence in depth: the supervisor checked already, when it knew the specs."""
-    if specs is not None:
-        check_arrays(specs, inputs)
 
 
 def check_outputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
