@@ -54,8 +54,14 @@ def job_key(job: Job) -> tuple[Any, ...]:
 
 
 def job_rows(job: Job) -> int:
-    shape = _shape(job.inputs[0]) if job.inputs else []
-    return int(shape[0]) if shape else 1
+    """Rows a job adds to a batch (1 for a job that runs alone: see ``Job.rows``)."""
+    return job.rows if job.rows is not None else 1
+
+
+def batchable(job: Job) -> bool:
+    """Only jobs whose arrays agree on a batch dimension may share a batch: anything else
+    would hand one client's rows to another."""
+    return job.rows is not None and not job.solo
 
 
 def _shape(spec: dict[str, Any]) -> list[int]:
@@ -79,12 +85,12 @@ def take_batch(queue: deque[Job], policy: BatchPolicy, now: float) -> list[Job]:
     if head is None:
         return []
     batch, rows = [head], job_rows(head)
-    if policy.max_batch_size > 1 and rows <= policy.max_batch_size and not head.solo:
+    if policy.max_batch_size > 1 and rows <= policy.max_batch_size and batchable(head):
         key = job_key(head)
         for job in candidates:
             if rows >= policy.max_batch_size:
                 break
-            if not job.solo and job_key(job) == key and \
+            if batchable(job) and job_key(job) == key and \
                     rows + job_rows(job) <= policy.max_batch_size:
                 batch.append(job)
                 rows += job_rows(job)

@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     log_format = args.log_format or config.supervisor.log_format
     logs.configure(config.supervisor.log_level, log_format)
     daemon = Daemon(config)
-    daemon.pool.log_format = log_format
+    daemon.log_format = log_format
     return daemon.run()
 
 
@@ -193,9 +193,8 @@ def render_status(report: dict[str, Any]) -> str:
         last = model.get("last_recycle")
         last_text = f"; last: {last['reason']} ({last['worker']}, " \
                     f"{format_duration(last['seconds_ago'])} ago)" if last else ""
-        paused = model.get("memory_recycles_paused") or 0
-        paused_text = f"; memory recycles paused {format_duration(paused)} (policy too " \
-                      "tight)" if paused else ""
+        paused_text = "; POLICY TOO TIGHT: young workers keep being recycled for memory " \
+                      "(docs/policy.md)" if model.get("policy_too_tight") else ""
         batches = model.get("batches") or {}
         batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
                      f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""

@@ -36,6 +36,8 @@ from supervisor.settings import (
 
 # ipc:// paths are limited by sockaddr_un (108 bytes including the terminating NUL).
 MAX_IPC_PATH = 107
+# A config file larger than this is not a config file (and is not read whole into memory).
+MAX_CONFIG_BYTES = 16 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,16 @@ class PolicyConfig:
         Duration(), 60.0, "How long a recycled worker may take to finish its in-flight jobs "
         "before they are requeued and it is killed.")
     max_attempts: int = setting(
-        Int(1), 2, "Workers a job may be sent to; a job that killed this many is a poison job.")
+        Int(1), 2, "Workers a job may be sent to, every loss counted whatever its cause; a job "
+        "lost this many times is answered 'worker_crashed'.")
     max_concurrent_recycles: int = setting(
         Int(1), 1, "Graceful recycles (trend, lifetime, manual, reload) of this model under "
         "way at once; a crossed max_memory, max_vram or kill_memory acts at once.")
     surge: bool = setting(
         Bool(), True, "Start the replacement and wait for it to be ready before draining.")
     min_lifetime: float = setting(
-        Duration(), 120.0, "A worker recycled for memory younger than this means the policy is "
-        "too tight: further recycles back off and a loud event is logged.")
+        Duration(), 120.0, "Workers recycled for memory younger than this, twice in a row, mean "
+        "the policy is too tight: a loud event is logged (recycles go on: a limit is a limit).")
 
     def check(self, path: str) -> list[ConfigError]:
         if self.kill_memory is not None and self.max_memory is not None \
@@ -219,9 +222,16 @@ class SupervisorSection:
         "else ./run beside the config file.")
     poll_interval: float = setting(
         Duration(), 1.0, "How often worker memory is sampled and policies evaluated.")
-    max_queue: int = setting(Int(1), 1000, "Queued jobs per model before 'overloaded'.")
+    max_queue: int = setting(
+        Int(1), 1000, "Jobs a model may hold, queued and running, before 'overloaded'.")
+    max_queue_bytes: int = setting(
+        Size(), 256 * 1024**2, "Bytes of queued job arrays per model before new jobs are "
+        "refused 'overloaded'; ZeroMQ's receive buffers are bounded to match (see "
+        "docs/protocol.md).")
     max_message_size: int = setting(
-        Size(), 256 * 1024**2, "Largest frontend message; larger ones are dropped by ZeroMQ.")
+        Size(), 256 * 1024**2, "Largest frontend message, all frames together: a larger "
+        "one is answered 'bad_request'; a single frame larger than this is dropped by ZeroMQ "
+        "unanswered.")
     heartbeat_interval: float = setting(Duration(), 1.0, "Worker heartbeat period.")
     heartbeat_timeout: float = setting(
         Duration(), 10.0, "A ready worker silent this long is hung: killed and replaced.")
@@ -259,6 +269,10 @@ class SupervisorSection:
 
     def check(self, path: str) -> list[ConfigError]:
         errors = []
+        if self.heartbeat_interval <= 0:
+            errors.append(ConfigError(f"{path}.heartbeat_interval", "must be more than 0"))
+        if self.poll_interval <= 0:
+            errors.append(ConfigError(f"{path}.poll_interval", "must be more than 0"))
         if self.heartbeat_timeout <= 2 * self.heartbeat_interval:
             errors.append(ConfigError(f"{path}.heartbeat_timeout",
                                       "must be more than twice heartbeat_interval"))
@@ -304,20 +318,59 @@ class Config:
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and validate a YAML config file; raise ConfigErrors listing every problem."""
+    """Read and validate a YAML config file; raise ConfigErrors listing every problem (and
+    nothing else, whatever the file holds)."""
     file = Path(path)
     try:
-        text = file.read_text()
+        with file.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigErrors([ConfigError("", f"{file} is larger than "
+                                        f"{MAX_CONFIG_BYTES // 1024**2} MiB: not a config file")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigErrors([ConfigError("", f"{file} is not UTF-8 text: byte "
+                                        f"{data[exc.start]:#04x} at offset {exc.start}")]) from None
     return parse_config(text, file)
 
 
 def parse_config(text: str, file: Path | None = None) -> Config:
+    """Validate a config's text; raise ConfigErrors listing every problem. Any other error
+    on the way is a bug, reported as a ConfigErrors too rather than escaping: a daemon that
+    reloads its config must be able to say why a new one was refused."""
+    try:
+        return _parse_config(text, file)
+    except ConfigErrors:
+        raise
+    except ConfigError as one:
+        raise ConfigErrors([one]) from None
+    except Exception as exc:
+        raise ConfigErrors([ConfigError("", f"the configuration could not be checked: "
+                                        f"unexpected {type(exc).__name__}: {_text(exc)}")]) \
+            from exc
+
+
+def _text(exc: BaseException, limit: int = 200) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        return "(no message)"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _parse_config(text: str, file: Path | None) -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigErrors([ConfigError("", f"not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise ConfigErrors([ConfigError("", "not valid YAML: nested too deeply")]) from None
+    except ValueError as exc:  # a value YAML matched but Python cannot build: a 5000-digit
+        # int, a timestamp like 2024-13-45
+        raise ConfigErrors([ConfigError("", f"not valid YAML: {_text(exc)}")]) from None
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigErrors([ConfigError("", "expected a mapping at the top of the file")])
@@ -326,6 +379,8 @@ def parse_config(text: str, file: Path | None = None) -> Config:
         top = parse_section(RawConfig, _with_default_policy(raw), "")
     except ConfigErrors as many:
         errors.extend(many.errors)
+    except ConfigError as one:
+        errors.append(one)
     if not raw.get("models"):
         errors.append(ConfigError("models", "expected at least one model"))
     if errors:
@@ -458,7 +513,9 @@ def config_reference() -> str:
              "Generated from the settings' declarations (`tfsupervisor schema --markdown`); "
              "`tfsupervisor schema` prints the same as JSON Schema for editors.", "",
              "Sizes take bytes or units (`512MiB`, `2GB`); durations take seconds or units "
-             "(`250ms`, `30s`, `5m`, `24h`, `2d`). `null` turns an optional limit off.", ""]
+             "(`250ms`, `30s`, `5m`, `24h`, `2d`). `null` turns an optional limit off. "
+             "Numbers must be finite: sizes and integers at most 2^63-1, durations at most "
+             "10 years. Strings may not contain NUL characters.", ""]
     for prefix, cls, text in sections:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]

@@ -1,21 +1,20 @@
-"""Control commands (status, recycle) answered on the control socket."""
+"""Control commands (status, recycle, reload) answered on the control socket."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.frontend import specs_to_wire
-from supervisor.monitor import Monitor
-from supervisor.pool import Pool, WorkerHandle
-from supervisor.router import Router
+from supervisor.core import Core
+from supervisor.pool import WorkerHandle
+from supervisor.protocol import TensorSpec
 from supervisor.sampling import read_memory
 
 
 class Controller:
-    def __init__(self, pool: Pool, router: Router, monitor: Monitor,
-                 reload: Callable[[], dict[str, Any]], serving: Callable[[], bool]) -> None:
-        self.pool, self.router, self.monitor = pool, router, monitor
+    def __init__(self, core: Core, reload: Callable[[], dict[str, Any]],
+                 serving: Callable[[], bool]) -> None:
+        self.core = core
         self.reload = reload
         self.serving = serving
 
@@ -27,40 +26,41 @@ class Controller:
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
             return self.reload()
-        return {"ok": False, "error": f"unknown command {command!r}; known: status, recycle, "
-                "reload"}
+        return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
+                "recycle, reload"}
 
     def recycle(self, model: object, worker: object) -> dict[str, Any]:
         if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):
             return {"ok": False, "error": "recycle needs a model name and optionally a worker id"}
         try:
-            scheduled = self.monitor.request(model, worker)
+            scheduled = self.core.recycle(model, worker)
         except KeyError as exc:
             return {"ok": False, "error": str(exc.args[0])}
         return {"ok": True, "result": {"scheduled": scheduled}}
 
     def status(self, now: float) -> dict[str, Any]:
+        pool, router = self.core.pool, self.core.router
         models = {}
-        for name, state in self.pool.models.items():
+        for name, state in pool.models.items():
             models[name] = {
-                "workers": [self._worker(w, now) for w in self.pool.of_model(name)],
+                "workers": [self._worker(w, now) for w in pool.of_model(name)],
                 "configured_workers": state.config.workers,
-                "queued": self.router.queued(name),
-                "in_flight": sum(1 for j in self.router.in_flight() if j.model == name),
+                "queued": router.queued(name),
+                "in_flight": sum(1 for j in router.in_flight() if j.model == name),
                 "recycles": dict(state.recycles),
                 "last_recycle": _last_recycle(state.last_recycle, now),
                 "memory_metric": state.config.policy.memory_metric,
                 "max_memory": state.config.policy.max_memory,
-                "memory_recycles_paused": max(0.0, round(state.recycle_backoff_until - now, 1)),
+                "policy_too_tight": state.churn >= 2,
                 "available": not state.unavailable,
                 "last_error": state.last_error,
-                "inputs": specs_to_wire(state.inputs),
+                "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
         return {"serving": self.serving(), "models": models}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
-        count, rows = self.router.batches.get(model, (0, 0))
+        count, rows = self.core.router.batches.get(model, (0, 0))
         return {"max_batch_size": max_batch_size, "sent": count,
                 "mean_rows": round(rows / count, 2) if count else None}
 
@@ -68,17 +68,21 @@ class Controller:
         last = worker.history.last()
         a = worker.assessment
         return {"id": worker.id, "pid": worker.pid, "state": worker.state.value,
-                "rss": read_memory(worker.pid, "rss"),
+                "rss": read_memory(worker.pid, "rss") if worker.pid else None,
                 "memory": last.memory if last else None,
                 "vram": last.vram if last else None,
                 "tf_memory": worker.tf_memory,
                 "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
-                "in_flight": len(self.router.held_by(worker.id)),
+                "in_flight": len(self.core.router.held_by(worker.id)),
                 "warmed_up": a.warmed_up, "baseline": a.baseline,
                 "growth_per_1k_jobs": a.growth_per_1k_jobs,
                 "growth_per_hour": a.growth_per_hour,
                 "seconds_to_limit": a.seconds_to_limit,
-                "recycle_reason": worker.recycle_reason}
+                "recycle_reason": str(worker.reason) if worker.reason else None}
+
+
+def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
+    return None if specs is None else [s.to_wire() for s in specs]
 
 
 def _last_recycle(last: dict[str, Any] | None, now: float) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""The supervisor's main loop: it wires sockets, pool, router and monitor together.
+"""The supervisor's main loop: sockets, worker processes, signals and memory readings
+around the socket-free core (supervisor/core.py), which makes every decision.
 
 Single-threaded: one zmq poller over the frontend, backend and control sockets plus a
 signal wake-up pipe. Signal handlers only record the signal; the loop acts on it.
@@ -6,10 +7,11 @@ signal wake-up pipe. Signal handlers only record the signal; the loop acts on it
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,42 +19,28 @@ from typing import Any
 
 import zmq
 
-from supervisor import logs, security
-from supervisor import reload as reloading
+from supervisor import logs, security, spawn
+from supervisor.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.batching import job_rows, next_deadline
 from supervisor.config import Config, SupervisorSection, load_config
 from supervisor.control import Controller
-from supervisor.exitcodes import describe_exit
-from supervisor.frontend import Refusal, admit, specs_to_wire
+from supervisor.core import Core
+from supervisor.exitcodes import WorkerExit
 from supervisor.monitor import Monitor
-from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import (
-    BAD_REQUEST,
     CONTROL,
     ERROR,
-    HEARTBEAT,
-    INFER,
-    INTERNAL_HOP,
-    JOB,
-    MAX_JOB_ID,
-    MODELS,
-    READY,
-    RESULTS,
-    SHUTTING_DOWN,
-    TIMEOUT,
-    UNAVAILABLE,
+    STOP,
     Frame,
-    Limits,
+    JobEntry,
     Message,
     ProtocolError,
     decode,
     encode,
-    error_message,
+    pack_job,
     split_envelope,
-    unpack_results,
 )
 from supervisor.reporting import Reporter
-from supervisor.router import Job, Router
 from supervisor.settings import ConfigErrors
 from supervisor.transport import NOBLOCK, recv, send
 
@@ -98,27 +86,30 @@ class SignalInbox:
 
 
 class Daemon:
+    """Sockets, processes, signals and /proc: the I/O around the core, and nothing else.
+
+    Every decision is the core's; the daemon turns what happens into core events (with the
+    time) and performs the actions the core returns, in order.
+    """
+
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        self.core = Core(config)
         self.context = zmq.Context()
         self.frontend = self.context.socket(zmq.ROUTER)
         self.backend = self.context.socket(zmq.ROUTER)
         self.control = self.context.socket(zmq.ROUTER)
-        self.pool = Pool(config, send=self._send_worker)
-        self.router = Router(config.supervisor.max_queue, reply=self._reply,
-                             send_job=self._send_job, observe=self._observe)
-        self.monitor = Monitor(self.pool, self.router, config.supervisor)
-        self.reporter = Reporter(self.pool, self.router, clock())
-        self.controller = Controller(self.pool, self.router, self.monitor, self.reload,
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.monitor = Monitor()
+        self.reporter = Reporter(self.core.pool, self.core.router, clock())
+        self.controller = Controller(self.core, self.reload,
                                      lambda: self.reporter.serving and
-                                     self.shutdown_started is None)
+                                     self.core.shutdown_started is None)
         self.signals = SignalInbox()
-        self.next_job_id = 1
-        self.shutdown_started: float | None = None
-        self.fast_exit = False
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
+        self.log_format = "auto"  # workers log the way the supervisor does
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -126,6 +117,9 @@ class Daemon:
         sup = self.config.supervisor
         gid = security.prepare_runtime_dir(Path(self.config.runtime_dir), sup.socket_group)
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
+        # What ZeroMQ buffers before the door counts against memory too: a few messages per
+        # client pipe (see docs/protocol.md for the bound this gives).
+        self.frontend.setsockopt(zmq.RCVHWM, _receive_hwm(sup))
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
         for sock in (self.frontend, self.backend, self.control):
             sock.setsockopt(zmq.LINGER, 1000)
@@ -169,9 +163,9 @@ class Daemon:
         if self.zap is not None:
             poller.register(self.zap.zap_socket, zmq.POLLIN)
         try:
-            while not self._finished():
+            while not self.core.finished:
                 ready = dict(poller.poll(self._sleep_ms()))
-                self._handle_signals(self.signals.take())
+                self._guarded("signal_handling_failed", self._handle_signals)
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)
                 if self.frontend in ready:
@@ -179,22 +173,31 @@ class Daemon:
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
                 if self.zap is not None and self.zap.zap_socket in ready:
-                    self.zap.handle()
-                self.tick(self.clock())
+                    self._guarded("zap_failed", self.zap.handle)
+                self._guarded("housekeeping_failed", self.housekeeping)
         finally:
             self._close()
         log.info("supervisor_stopped")
         return 0
 
+    def _guarded(self, event: str, step: Callable[[], None]) -> None:
+        """The daemon never dies of its own housekeeping: the error is logged, the loop goes
+        on, and the next turn tries again."""
+        try:
+            step()
+        except Exception:
+            log.exception(event)
+        self._perform()
+
     def _sleep_ms(self) -> int:
         """Until the next thing due: a memory poll, a watchdog ping, a partial batch that
         stops waiting, a queued job that expires; at most MAX_SLEEP."""
         now = self.clock()
-        wake = min(now + MAX_SLEEP, max(self.monitor.next_poll, self.next_housekeeping))
+        wake = min(now + MAX_SLEEP, max(self.core.next_poll, self.next_housekeeping))
         if self.reporter.notifier.watchdog_interval:
             wake = min(wake, max(self.reporter.next_watchdog, self.next_housekeeping))
-        for model, state in self.pool.models.items():
-            queue = self.router.queues.get(model)
+        for model, state in self.core.pool.models.items():
+            queue = self.core.router.queues.get(model)
             if not queue:
                 continue
             # The head is the oldest job, so usually the first to expire; later ones are
@@ -215,147 +218,124 @@ class Daemon:
                 handler(frames)
             except Exception:  # the daemon never dies of one message
                 log.exception("message_handling_failed")
+            self._perform()
 
-    def tick(self, now: float) -> None:
-        """After every wake-up: dispatch. Housekeeping (reaping, time limits, policy, reports)
-        at most every HOUSEKEEPING seconds, so a busy loop spends its time on jobs."""
-        if now >= self.next_housekeeping:
-            self.next_housekeeping = now + HOUSEKEEPING
-            for worker, code in self.pool.reap(now):
-                self._lost(worker, code)
-            self.pool.maintain(now)
-            self.monitor.tick(now)
-            self._drain_progress(now)
-            self._enforce_job_timeouts(now)
-            self._fail_unavailable()
-            self.router.expire(now)
-            self.reporter.report(now, self.config.supervisor, self.shutdown_started is not None)
-            if self.shutdown_started is not None:
-                self._shutdown_progress(now)
-        for model in self.pool.models:
-            self._dispatch(model, now)
+    def housekeeping(self) -> None:
+        """At most every HOUSEKEEPING seconds, so a busy loop spends its time on jobs:
+        reap exited workers, read memory when a poll is due, let the core tick, report."""
+        now = self.clock()
+        if now < self.next_housekeeping:
+            return
+        self.next_housekeeping = now + HOUSEKEEPING
+        self._reap(now)
+        targets = self.core.poll_due(now)
+        if targets is not None:
+            pids = [pid for _, pid, _ in targets]
+            readings = self.monitor.read(targets, pids, now)
+            floor = self.config.supervisor.min_available_memory
+            available = self.monitor.host_available() if floor is not None else None
+            self.core.samples(now, readings, poll=True, host_available=available)
+        self.core.tick(now)
+        self._perform()
+        self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None)
 
-    def _dispatch(self, model: str, now: float) -> None:
-        queue = self.router.queues.get(model)
-        if queue:
-            ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
-            self.router.dispatch(model, ready, now, self.pool.models[model].config.batch_policy)
+    def _reap(self, now: float) -> None:
+        for worker_id, process in list(self.processes.items()):
+            code = process.poll()
+            if code is not None:
+                del self.processes[worker_id]
+                self.core.exited(worker_id, code, now)
 
-    # --- sockets out ---------------------------------------------------------------------
+    # --- actions -------------------------------------------------------------------------
 
-    def _reply(self, job: Job, msg: Message) -> None:
-        send(self.frontend, [*job.envelope, *encode(msg)])
+    def _perform(self) -> None:
+        """Carry out what the core decided; some actions report back (a spawn that failed,
+        memory read now), which may decide more."""
+        while actions := self.core.take():
+            for action in actions:
+                try:
+                    self._perform_one(action)
+                except Exception:
+                    log.exception("action_failed", action=type(action).__name__)
 
-    def _send_job(self, worker_id: str, batch: list[Job], pad_to: int) -> None:
+    def _perform_one(self, action: Action) -> None:
+        if isinstance(action, Reply):
+            send(self.frontend, [*action.envelope, *encode(action.msg)])
+            self._count(action)
+        elif isinstance(action, SendBatch):
+            self._send_batch(action)
+        elif isinstance(action, Spawn):
+            self._spawn(action)
+        elif isinstance(action, Stop):
+            send(self.backend, [action.worker_id.encode(), *encode(Message(STOP))])
+            self._signal(action.worker_id, signal.SIGTERM)
+        elif isinstance(action, Kill):
+            self._signal(action.worker_id, signal.SIGKILL)
+        elif isinstance(action, SampleNow):
+            now = self.clock()
+            targets = [(w, self.processes[w].pid, self._metric(w)) for w in action.worker_ids
+                       if w in self.processes]
+            pids = [p.pid for p in self.processes.values()]
+            self.core.samples(now, self.monitor.read(targets, pids, now), poll=False)
+
+    def _count(self, reply: Reply) -> None:
+        now = self.clock()
+        if reply.job is not None:
+            self.reporter.answered(reply.job, reply.msg, now)
+        elif reply.msg.kind == ERROR:
+            self.reporter.refused(reply.model, str(reply.msg.header.get("code")), now)
+
+    def _send_batch(self, action: SendBatch) -> None:
         """One message per batch; the jobs' array frames pass through without a copy."""
-        self.reporter.metrics.batch(batch[0].model, sum(job_rows(j) for j in batch),
-                           [(j.dispatched_at or j.received_at) - j.received_at for j in batch])
-        header = {"jobs": [{"id": str(j.id), "inputs": j.inputs} for j in batch],
-                  "pad_to": pad_to}
-        frames = [frame for job in batch for frame in job.arrays]
-        send(self.backend, [worker_id.encode(), *encode(Message(JOB, b"", header, frames))])
+        jobs = action.jobs
+        self.reporter.metrics.batch(jobs[0].model, sum(job_rows(j) for j in jobs),
+                                    [action.now - j.received_at for j in jobs])
+        entries = [JobEntry(str(j.id).encode(), j.inputs, j.arrays) for j in jobs]
+        send(self.backend, [action.worker_id.encode(), *encode(pack_job(entries, action.pad_to))])
 
-    def _send_worker(self, worker_id: str, msg: Message) -> None:
-        send(self.backend, [worker_id.encode(), *encode(msg)])
+    def _spawn(self, action: Spawn) -> None:
+        try:
+            spec = spawn.build_spec(self.core.config, action.model, action.worker_id,
+                                    os.getpid(), self.log_format)
+            process = subprocess.Popen(
+                spawn.worker_command(spec),
+                env=spawn.worker_env(self.core.config, spec, os.environ),
+                stdin=subprocess.DEVNULL,
+                # Own process group: a Ctrl-C on the terminal reaches the supervisor only,
+                # which then drains its workers instead of having them die mid-job.
+                process_group=0,
+            )
+        except (OSError, spawn.SpawnError) as exc:  # EAGAIN, ENOMEM, a spec that cannot
+            # travel: a boot failure, reported with its reason and retried with back-off
+            error = f"worker {action.worker_id} could not be started: {type(exc).__name__}: " \
+                    f"{exc}"
+            log.error("worker_spawn_failed", model=action.model, worker=action.worker_id,
+                      error=error)
+            self.core.exited(action.worker_id, WorkerExit.SPAWN_FAILED, self.clock(), error)
+            return
+        self.processes[action.worker_id] = process
+        self.core.spawned(action.worker_id, process.pid)
 
-    # --- frontend ------------------------------------------------------------------------
+    def _signal(self, worker_id: str, signum: int) -> None:
+        process = self.processes.get(worker_id)
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):  # already gone; reaping will tell
+                process.send_signal(signum)
+
+    def _metric(self, worker_id: str) -> str:
+        worker = self.core.pool.workers.get(worker_id)
+        if worker is None:
+            return "rss"
+        return self.core.pool.models[worker.model].config.policy.memory_metric
+
+    # --- sockets in ----------------------------------------------------------------------
 
     def _on_frontend(self, frames: list[Frame]) -> None:
-        envelope, body = split_envelope(frames)
-        try:
-            msg = decode(body, _limits(self.config.supervisor))
-        except ProtocolError as exc:
-            # Answer when we can tell a job id apart; a reply to garbage is harmless.
-            self._refuse(envelope, _job_id_of(body), exc.code, str(exc), None)
-            return
-        model = msg.header.get("model")
-        if msg.kind == MODELS:
-            self._send_client(envelope, Message(MODELS, msg.job_id, self._models_header()))
-        elif msg.kind != INFER:
-            self._refuse(envelope, msg.job_id, BAD_REQUEST,
-                         f"clients may send infer or models, not {msg.kind!r}", None)
-        elif self.shutdown_started is not None:
-            self._refuse(envelope, msg.job_id, SHUTTING_DOWN,
-                         "the supervisor is shutting down; retry elsewhere", model)
-        else:
-            self._admit(envelope, msg)
-
-    def _admit(self, envelope: list[Frame], msg: Message) -> None:
-        now = self.clock()
-        try:
-            job = admit(msg, envelope, self.pool.models, self.next_job_id, now,
-                        self.config.supervisor.max_elements)
-        except Refusal as refusal:
-            self._refuse(envelope, msg.job_id, refusal.code, str(refusal), msg.header.get("model"))
-            return
-        self.next_job_id += 1
-        state = self.pool.models[job.model]
-        if state.unavailable and not self.pool.ready(job.model):
-            self.router.fail(job, UNAVAILABLE, self._unavailable_message(job.model))
-            return
-        self.router.submit(job)
-        self._dispatch(job.model, now)
-
-    def _refuse(self, envelope: list[Frame], job_id: bytes, code: str, message: str,
-                model: object) -> None:
-        """An answer at the door, counted like any other (under a served model's name only:
-        names clients make up never become metric labels)."""
-        self._send_client(envelope, error_message(job_id, code, message))
-        served = isinstance(model, str) and model in self.pool.models
-        label = model if served and isinstance(model, str) else "-"
-        self.reporter.refused(label, code, self.clock())
-
-    def _send_client(self, envelope: list[Frame], msg: Message) -> None:
-        send(self.frontend, [*envelope, *encode(msg)])
-
-    def _models_header(self) -> dict[str, Any]:
-        models = {}
-        for name, state in self.pool.models.items():
-            if state.removed:
-                continue
-            models[name] = {"inputs": specs_to_wire(state.inputs),
-                            "outputs": specs_to_wire(state.outputs),
-                            "ready_workers": len(self.pool.ready(name)),
-                            "workers": state.config.workers,
-                            "available": not state.unavailable}
-        return {"models": models}
-
-    # --- backend -------------------------------------------------------------------------
+        self.core.request(frames, self.clock())
 
     def _on_backend(self, frames: list[Frame]) -> None:
         identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
-        msg = decode(frames[1:], INTERNAL_HOP)
-        now = self.clock()
-        if msg.kind == HEARTBEAT:
-            self.pool.heartbeat(str(msg.header.get("worker")), msg.header, now)
-            return
-        worker = self.pool.workers.get(identity.decode(errors="replace"))
-        if worker is None:
-            return  # a worker already reaped, or a stranger on the ipc socket
-        if msg.kind == READY:
-            self.pool.mark_ready(worker.id, msg.header, now)
-            self.monitor.on_ready(worker, now)
-            last = worker.history.last()
-            log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
-                     warmup_seconds=worker.warmup_seconds,
-                     baseline_memory=last.memory if last else None)
-        elif msg.kind == RESULTS:
-            for answer in unpack_results(msg):
-                self._on_answer(worker, answer)
-        elif msg.kind == ERROR:
-            self.pool.load_failed(worker.id, str(msg.header.get("message")))
-
-    def _on_answer(self, worker: WorkerHandle, msg: Message) -> None:
-        try:
-            job = self.router.complete(int(msg.job_id), worker.id)
-        except ValueError:
-            return
-        if job is None:
-            return
-        worker.jobs += 1
-        self.router.answer(job, Message(msg.kind, job.client_job_id, msg.header, msg.arrays))
-
-    # --- control -------------------------------------------------------------------------
+        self.core.worker_message(identity, frames[1:], self.clock())
 
     def _on_control(self, frames: list[Frame]) -> None:
         envelope, body = split_envelope(frames)
@@ -368,153 +348,53 @@ class Daemon:
             result = {"ok": False, "error": str(exc)}
         send(self.control, [*envelope, *encode(Message(CONTROL, b"", result))])
 
-    # --- workers lost, drained, unavailable ----------------------------------------------
+    # --- signals, reload and shutdown ----------------------------------------------------
 
-    def _lost(self, worker: WorkerHandle, code: int) -> None:
-        """A worker exited: whatever it held goes back to the queue (or fails as poison)."""
-        if not self.router.held_by(worker.id):
-            return
-        policy = self.pool.models[worker.model].config.policy
-        why = f"worker {worker.id} (pid {worker.pid}) exited with jobs in hand"
-        # A worker we killed for its memory (or to stop it) says nothing about its jobs; one
-        # that died on its own, or hung, may have been killed by one of them.
-        blame = not worker.killed_by_us or worker.recycle_reason == "hung"
-        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why, blame)
-        log.warning("jobs_requeued", model=worker.model, worker=worker.id, pid=worker.pid,
-                    exit=describe_exit(code), requeued=requeued, failed_as_poison=failed)
-
-    def _drain_progress(self, now: float) -> None:
-        for worker in list(self.pool.workers.values()):
-            if worker.state is not State.DRAINING:
-                continue
-            held = self.router.held_by(worker.id)
-            if held and worker.drain_deadline is not None and now > worker.drain_deadline:
-                policy = self.pool.models[worker.model].config.policy
-                self.router.requeue(worker.id, policy.max_attempts,
-                                    f"worker {worker.id} did not drain in time", False)
-                log.warning("drain_timeout", model=worker.model, worker=worker.id,
-                            pid=worker.pid, requeued=len(held),
-                            drain_timeout=policy.drain_timeout)
-                self.pool.kill(worker, worker.recycle_reason or "drain_timeout")
-            elif not held:
-                self.pool.stop(worker, now, worker.recycle_reason or "drained")
-
-    def _enforce_job_timeouts(self, now: float) -> None:
-        """A job past policy.job_timeout: answered 'timeout', its worker killed (TF cannot be
-        interrupted safely), the worker's other jobs requeued when it is reaped."""
-        for job in self.router.overdue(now, self._job_timeouts()):
-            worker = self.pool.workers.get(job.worker or "")
-            timeout = self.pool.models[job.model].config.policy.job_timeout
-            self.router.fail(job, TIMEOUT, f"the job ran longer than job_timeout "
-                             f"({timeout:g}s); its worker was killed")
-            if worker is not None:
-                log.warning("job_timeout", model=job.model, worker=worker.id, pid=worker.pid,
-                            seconds=round(now - (job.dispatched_at or now), 2))
-                self.pool.kill(worker, "job_timeout")
-
-    def _job_timeouts(self) -> dict[str, float]:
-        return {name: state.config.policy.job_timeout for name, state in self.pool.models.items()
-                if state.config.policy.job_timeout is not None}
-
-    def _fail_unavailable(self) -> None:
-        for name, state in self.pool.models.items():
-            if state.unavailable and self.router.queued(name) and not self.pool.ready(name):
-                self.router.fail_queued(name, UNAVAILABLE, self._unavailable_message(name))
-
-    def _unavailable_message(self, model: str) -> str:
-        state = self.pool.models[model]
-        return (f"model '{model}' has no worker able to serve: {state.last_error} "
-                f"({state.failures} failed start(s); retrying with back-off)")
-
-    def _observe(self, job: Job, msg: Message) -> None:
-        self.reporter.answered(job, msg, self.clock())
-
-    # --- signals and shutdown ------------------------------------------------------------
-
-    def _handle_signals(self, signums: list[int]) -> None:
-        for signum in signums:
+    def _handle_signals(self) -> None:
+        for signum in self.signals.take():
             if signum in (signal.SIGTERM, signal.SIGINT):
-                self._begin_shutdown(signum)
+                self.core.shutdown(self.clock(), signal.Signals(signum).name)
+                self.reporter.notifier.stopping()
             elif signum == signal.SIGHUP:
                 self.reload()
 
     def reload(self) -> dict[str, Any]:
-        """Re-read the config file and apply it in place; an invalid file changes nothing."""
-        if self.config.path is None:
+        """Re-read the config file and apply it in place. Anything wrong with the file, or
+        any failure while reading it, changes nothing and is logged as config_rejected."""
+        path = self.config.path
+        if path is None:
             return {"ok": False, "error": "this supervisor was not started from a file"}
         try:
-            new = load_config(self.config.path)
+            new = load_config(path)
         except ConfigErrors as errors:
             messages = [str(e) for e in errors.errors]
-            log.error("config_rejected", path=str(self.config.path), errors=messages)
+            log.error("config_rejected", path=str(path), errors=messages)
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages)}
-        changes = reloading.plan(self.config, new)
+        except Exception as exc:  # whatever the file holds, the daemon keeps running
+            log.exception("config_rejected", path=str(path))
+            return {"ok": False, "error": f"config rejected, running config kept: "
+                    f"{type(exc).__name__}: {exc}"}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-        self._apply_config(reloading.effective(self.config, new), changes)
+        changes = self.core.reload(new, self.clock())
+        self.config = self.core.config
         if self.zap is not None:
             security.load_clients(self.zap, self.config.supervisor.curve)
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
-        log.info("config_reloaded", path=str(self.config.path), **changes.summary())
+        log.info("config_reloaded", path=str(path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
         return {"ok": True, "result": changes.summary()}
 
-    def _apply_config(self, config: Config, changes: reloading.ReloadPlan) -> None:
-        self.config = self.pool.config = config
-        self.router.max_queue = config.supervisor.max_queue
-        self.monitor.settings = config.supervisor
-        for name in changes.added:
-            if name in self.pool.models:  # removed earlier, still draining: renew it
-                changes.replaced.append(name)
-            else:
-                self.pool.add_model(name, config.models[name])
-        for name in changes.updated + changes.replaced:
-            state = self.pool.models[name]
-            state.config, state.removed = config.models[name], False
-        for name in changes.replaced:
-            self.monitor.request(name, None, "reload")
-        for name in changes.removed:
-            self.pool.models[name].removed = True
-
-    def _begin_shutdown(self, signum: int) -> None:
-        now = self.clock()
-        if self.shutdown_started is not None:
-            log.warning("shutdown_forced", signal=signal.Signals(signum).name)
-            self.fast_exit = True
-            return
-        self.shutdown_started = now
-        self.pool.spawning = False
-        self.reporter.notifier.stopping()
-        log.info("shutdown_started", signal=signal.Signals(signum).name,
-                 pending_jobs=self.router.pending(),
-                 timeout_seconds=self.config.supervisor.shutdown_timeout)
-
-    def _shutdown_progress(self, now: float) -> None:
-        assert self.shutdown_started is not None
-        late = now - self.shutdown_started > self.config.supervisor.shutdown_timeout
-        if self.router.pending() and not late and not self.fast_exit:
-            return
-        failed = self.router.fail_everything(
-            SHUTTING_DOWN, "the supervisor stopped before this job could finish")
-        if failed:
-            log.warning("shutdown_jobs_abandoned", count=failed)
-        for worker in self.pool.workers.values():
-            if self.fast_exit:
-                self.pool.kill(worker, "shutdown")
-            else:
-                self.pool.stop(worker, now, "shutdown")
-
-    def _finished(self) -> bool:
-        return (self.shutdown_started is not None and not self.pool.workers
-                and not self.router.pending())
-
     def _close(self) -> None:
-        for worker in self.pool.workers.values():
-            self.pool.kill(worker, "shutdown")
-        for worker in list(self.pool.workers.values()):
-            worker.process.wait(timeout=5)
+        self._refuse_latecomers()
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
         if self.zap is not None:
             self.zap.close()
         for sock in (self.frontend, self.backend, self.control):
@@ -526,16 +406,18 @@ class Daemon:
             if endpoint.startswith("ipc://"):
                 Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
 
+    def _refuse_latecomers(self) -> None:
+        """Requests that arrived while the last workers stopped are answered
+        'shutting_down', not left to the client's timeout."""
+        if self.core.shutdown_started is None:
+            return
+        with contextlib.suppress(Exception):
+            self._drain(self.frontend, self._on_frontend)
 
-@functools.lru_cache(maxsize=4)
-def _limits(sup: SupervisorSection) -> Limits:
-    """The frontend's limits, built once per config (this runs on every message)."""
-    return Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
+
+def _receive_hwm(sup: SupervisorSection) -> int:
+    """Messages ZeroMQ may buffer per client pipe before the door: max_queue_bytes worth of
+    the largest messages, at least 4 and at most ZeroMQ's default 1000."""
+    return max(4, min(1000, sup.max_queue_bytes // max(1, sup.max_message_size)))
 
 
-def _job_id_of(body: list[Frame]) -> bytes:
-    if len(body) >= 3:
-        raw = body[2].bytes if isinstance(body[2], zmq.Frame) else bytes(body[2])
-        if len(raw) <= MAX_JOB_ID:
-            return raw
-    return b""

@@ -14,6 +14,9 @@ class WorkerExit(IntEnum):
     RECYCLE = 4  # the worker asked to be replaced (e.g. a handler noticed its own state)
     ORPHANED = 5  # the supervisor went away
     INTERNAL = 6  # an unexpected error in the worker's own loop
+    # Never an exit status: the supervisor could not start the process at all (fork or exec
+    # failed, e.g. EAGAIN), which it treats like a worker that failed to boot.
+    SPAWN_FAILED = 7
 
 
 def describe_exit(returncode: int) -> str:

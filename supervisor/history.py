@@ -32,3 +32,11 @@ class History:
 
     def last(self) -> Sample | None:
         return self._samples[-1] if self._samples else None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One worker's memory as read from outside (the daemon reads, the core records)."""
+
+    memory: int
+    vram: int | None = None

@@ -28,6 +28,7 @@ import numpy as np
 
 from supervisor.config import PolicyConfig
 from supervisor.history import Sample
+from supervisor.reasons import Reason
 
 MIN_TREND_SAMPLES = 6
 # How many standard errors a slope must clear its limit by: noise alone must not recycle.
@@ -93,7 +94,7 @@ class Assessment:
 @dataclass(frozen=True)
 class Verdict:
     action: Action
-    reason: str  # stable reason name, e.g. "max_memory", "growth_per_1k_jobs"
+    reason: Reason | None  # None when the action is KEEP
     detail: str
     assessment: Assessment = field(default_factory=Assessment)
     trend_streak: int = 0
@@ -188,54 +189,57 @@ def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
         return Verdict(action, reason, detail, assessment, facts.trend_streak)
     trend = _trend(assessment, per_job, per_second, vram_per_job, policy)
     if trend is None:
-        return Verdict(Action.KEEP, "", "", assessment, 0)
+        return Verdict(Action.KEEP, None, "", assessment, 0)
     streak = facts.trend_streak + 1
     reason, detail = trend
     if streak < policy.trend_confirmations:
-        return Verdict(Action.KEEP, "", f"{detail} ({streak}/{policy.trend_confirmations} "
+        return Verdict(Action.KEEP, None, f"{detail} ({streak}/{policy.trend_confirmations} "
                        "confirmations)", assessment, streak)
     return Verdict(Action.RECYCLE, reason, detail, assessment, streak)
 
 
 def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
-            now: float) -> tuple[Action, str, str] | None:
+            now: float) -> tuple[Action, Reason, str] | None:
     """Hard and lifetime limits: they apply before warm-up too."""
     if policy.kill_memory is not None and a.memory is not None and a.memory >= policy.kill_memory:
-        return Action.KILL, "kill_memory", f"memory {a.memory} >= kill_memory {policy.kill_memory}"
+        return Action.KILL, Reason.KILL_MEMORY, \
+            f"memory {a.memory} >= kill_memory {policy.kill_memory}"
     if policy.max_memory is not None and a.memory is not None and a.memory >= policy.max_memory:
-        return Action.RECYCLE, "max_memory", f"memory {a.memory} >= max_memory {policy.max_memory}"
+        return Action.RECYCLE, Reason.MAX_MEMORY, \
+            f"memory {a.memory} >= max_memory {policy.max_memory}"
     if policy.max_vram is not None and a.vram is not None and a.vram >= policy.max_vram:
-        return Action.RECYCLE, "max_vram", f"VRAM {a.vram} >= max_vram {policy.max_vram}"
+        return Action.RECYCLE, Reason.MAX_VRAM, \
+            f"VRAM {a.vram} >= max_vram {policy.max_vram}"
     scale = 1.0 - facts.jitter
     if policy.max_jobs is not None and facts.jobs >= policy.max_jobs * scale:
-        return Action.RECYCLE, "max_jobs", f"{facts.jobs} jobs >= max_jobs {policy.max_jobs} " \
-            f"less {facts.jitter:.0%} jitter"
+        return Action.RECYCLE, Reason.MAX_JOBS, \
+            f"{facts.jobs} jobs >= max_jobs {policy.max_jobs} less {facts.jitter:.0%} jitter"
     age = now - facts.started_at
     if policy.max_age is not None and age >= policy.max_age * scale:
-        return Action.RECYCLE, "max_age", f"age {age:.0f}s >= max_age {policy.max_age:.0f}s " \
-            f"less {facts.jitter:.0%} jitter"
+        return Action.RECYCLE, Reason.MAX_AGE, \
+            f"age {age:.0f}s >= max_age {policy.max_age:.0f}s less {facts.jitter:.0%} jitter"
     return None
 
 
 def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
-           vram_per_job: Slope | None, policy: PolicyConfig) -> tuple[str, str] | None:
+           vram_per_job: Slope | None, policy: PolicyConfig) -> tuple[Reason, str] | None:
     """A confident growth trend over a limit, that will matter within the horizon."""
     if a.memory is None:
         return None
     if a.seconds_to_limit is not None and a.seconds_to_limit > policy.trend_horizon:
         return None  # it may grow, but it will not reach max_memory in time to matter
     checks = [
-        ("growth_per_1k_jobs", per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
+        (Reason.GROWTH_PER_1K_JOBS, per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
          policy.max_memory),
-        ("growth_per_hour", per_second, policy.max_growth_per_hour, 3600, "per hour",
+        (Reason.GROWTH_PER_HOUR, per_second, policy.max_growth_per_hour, 3600, "per hour",
          policy.max_memory),
-        ("vram_growth_per_1k_jobs", vram_per_job, policy.max_vram_growth_per_1k_jobs, 1000,
+        (Reason.VRAM_GROWTH_PER_1K_JOBS, vram_per_job, policy.max_vram_growth_per_1k_jobs, 1000,
          "of VRAM per 1k jobs", policy.max_vram),
     ]
     for reason, slope, limit, scale, unit, ceiling in checks:
         if slope is None or limit is None or not slope.confidently_over(limit / scale):
             continue
-        current = a.vram if reason.startswith("vram") else a.memory
+        current = a.vram if reason is Reason.VRAM_GROWTH_PER_1K_JOBS else a.memory
         if current is not None and levels_off_below(slope, current, ceiling):
             continue
         return reason, f"growing {slope.value * scale:.0f} bytes {unit} (halves " \

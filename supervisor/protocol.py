@@ -67,6 +67,13 @@ MAX_JOB_ID = 64
 MAX_HEADER = 64 * 1024
 MAX_ARRAYS = 64
 MAX_NDIM = 8
+MAX_NAME = 256
+# No array may claim more bytes than numpy (and TensorFlow's int64 sizes) can address, even
+# one with no elements: numpy refuses shapes like [0, 2**62, 4] when it builds the array.
+MAX_ARRAY_BYTES = 2**63 - 1
+# Error texts are cut to this many characters where they are made (error_message): a reply
+# must fit the client's 64 KiB header limit, whatever a model's exception says.
+MAX_ERROR_TEXT = 4096
 # Longest list or map in a header: it bounds the jobs of one batch (max_batch_size).
 MAX_BATCH_JOBS = 4096
 
@@ -78,6 +85,7 @@ NUMERIC_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", 
 DTYPES = NUMERIC_DTYPES | {STRING}
 
 ITEMSIZE = {name: np.dtype(name).itemsize for name in NUMERIC_DTYPES}
+OBJECT_ITEMSIZE = np.dtype(object).itemsize  # a string array is an object array in numpy
 
 # pyzmq copies frames smaller than this anyway; larger ones are sent without a copy.
 ZERO_COPY_MIN = 64 * 1024
@@ -93,6 +101,18 @@ class ProtocolError(Exception):
         self.code = code
 
 
+def _show(value: object, limit: int = 60) -> str:
+    """A short, safe rendering of a received value for an error message: never raises, never
+    long (a hostile header may hold huge nested values or ints too long to print)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # deep nesting (RecursionError), ints past str()'s digit limit, ...
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Name, dtype and shape of one array; ``None`` in a shape is any size."""
@@ -106,22 +126,32 @@ class TensorSpec:
 
     @classmethod
     def from_wire(cls, raw: object, allow_none: bool = False) -> TensorSpec:
+        """Parse one header entry; ProtocolError (never another error) on any hostile value."""
         if not isinstance(raw, Mapping):
-            raise ProtocolError("array spec must be a map with name, dtype and shape")
+            raise ProtocolError(f"array spec must be a map with name, dtype and shape, got "
+                                f"{_show(raw)}")
         name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
-        if not isinstance(name, str) or not name or len(name) > 256:
-            raise ProtocolError("array spec 'name' must be a non-empty string")
-        if dtype not in DTYPES:
-            raise ProtocolError(f"array '{name}': dtype {dtype!r} is not one of "
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise ProtocolError(f"array spec 'name' must be a non-empty string of at most "
+                                f"{MAX_NAME} characters, got {_show(name)}")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ProtocolError(f"array '{name}': dtype {_show(dtype)} is not one of "
                                 f"{', '.join(sorted(DTYPES))}")
         if not isinstance(shape, list | tuple) or len(shape) > MAX_NDIM:
             raise ProtocolError(f"array '{name}': shape must be a list of at most {MAX_NDIM} "
-                                "dimensions")
+                                f"dimensions, got {_show(shape)}")
         for dim in shape:
             ok_none = dim is None and allow_none
             if not ok_none and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 0):
-                raise ProtocolError(f"array '{name}': shape {list(shape)} has a bad dimension")
-        return cls(name, str(dtype), tuple(shape))
+                raise ProtocolError(f"array '{name}': shape {_show(list(shape))} has a bad "
+                                    f"dimension {_show(dim)}")
+        # Every dimension counts, zeros as ones: numpy refuses [0, 2**62, 4] as it does
+        # [2**62, 4], and a spec that could never become an array is refused here.
+        itemsize = ITEMSIZE.get(dtype, OBJECT_ITEMSIZE)
+        if math.prod(max(d or 1, 1) for d in shape) * itemsize > MAX_ARRAY_BYTES:
+            raise ProtocolError(f"array '{name}': shape {_show(list(shape))} is too large "
+                                f"(more than 2**63-1 bytes of {dtype})")
+        return cls(name, dtype, tuple(shape))
 
     def describe(self) -> str:
         dims = ", ".join("None" if d is None else str(d) for d in self.shape)
@@ -194,8 +224,10 @@ def _small(frame: Frame, limit: int, what: str) -> bytes:
 def _header(frame: Frame, limit: int) -> dict[str, Any]:
     data = _small(frame, limit, "header")
     try:
-        header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=MAX_HEADER,
-                                 max_bin_len=MAX_HEADER, max_array_len=MAX_BATCH_JOBS,
+        # Strings and bytes may be as long as the header itself may be: on the internal hop
+        # (16 MiB) a RESULTS message may carry a long error text.
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True, max_str_len=limit,
+                                 max_bin_len=limit, max_array_len=MAX_BATCH_JOBS,
                                  max_map_len=MAX_BATCH_JOBS)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}") from None
@@ -291,7 +323,10 @@ def check_frames(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
         if spec.dtype == STRING:
             _check_strings(spec, frame)
             continue
-        expected = math.prod(concrete_shape(spec)) * ITEMSIZE[spec.dtype]
+        itemsize = ITEMSIZE.get(spec.dtype)
+        if itemsize is None:  # a spec made in code, not by from_wire
+            raise ProtocolError(f"array '{spec.name}': dtype {_show(spec.dtype)} cannot travel")
+        expected = math.prod(concrete_shape(spec)) * itemsize
         if (length := _length(frame)) != expected:
             raise ProtocolError(f"array '{spec.name}': {length} bytes do not match "
                                 f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
@@ -306,8 +341,19 @@ def _check_strings(spec: TensorSpec, frame: Frame) -> None:
 
 
 def concrete_shape(spec: TensorSpec) -> tuple[int, ...]:
-    """The shape of an actual array (every dimension known, as unpack_arrays ensures)."""
+    """The shape of an actual array. Specs parsed without ``allow_none`` have every
+    dimension known; an unknown one (a model's spec) counts as 0 here."""
     return tuple(d or 0 for d in spec.shape)
+
+
+def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
+    """The first dimension all arrays of one job share: its rows in a batch. None when there
+    is none: no arrays, a 0-d array, an unknown first dimension, or arrays that disagree.
+    Such a job must never be concatenated with another (its rows could not be split back)."""
+    firsts = {spec.shape[0] if spec.shape else None for spec in specs}
+    if len(firsts) != 1:
+        return None
+    return next(iter(firsts))
 
 
 def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
@@ -340,34 +386,157 @@ def check_specs(specs: Sequence[TensorSpec], got: Sequence[TensorSpec]) -> None:
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batch)}")
 
 
-def pack_results(replies: Sequence[Message]) -> Message:
+@dataclass
+class JobEntry:
+    """One job of a JOB message (supervisor -> worker): its id, wire specs and frames."""
+
+    id: bytes
+    inputs: list[dict[str, Any]]
+    arrays: list[Frame]
+
+
+def pack_job(entries: Sequence[JobEntry], pad_to: int) -> Message:
+    """One batch for a worker as one JOB message: header ``{"jobs": [{"id": str, "inputs":
+    [spec, ...]}, ...], "pad_to": int}``, then every job's array frames in entry order (passed
+    through without a copy). Ids travel as ASCII text (the supervisor's own job numbers)."""
+    if isinstance(pad_to, bool) or not isinstance(pad_to, int) or pad_to < 0:
+        raise ProtocolError(f"pad_to must be a non-negative integer, got {_show(pad_to)}",
+                            INTERNAL)
+    jobs: list[dict[str, Any]] = []
+    frames: list[Frame] = []
+    for entry in entries:
+        if len(entry.inputs) != len(entry.arrays):
+            raise ProtocolError(f"job {entry.id!r}: {len(entry.inputs)} specs but "
+                                f"{len(entry.arrays)} frames", INTERNAL)
+        try:
+            job_id = entry.id.decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError(f"job id {entry.id!r} is not ASCII", INTERNAL) from None
+        jobs.append({"id": job_id, "inputs": entry.inputs})
+        frames.extend(entry.arrays)
+    return Message(JOB, b"", {"jobs": jobs, "pad_to": pad_to}, frames)
+
+
+def unpack_job(msg: Message) -> tuple[list[JobEntry], int]:
+    """The jobs of a JOB message and the rows to pad the batch to; ProtocolError when the
+    header is malformed or the frame counts do not add up. Each job's specs are checked
+    only for their framing (a list of maps): their contents are the job's own business, so
+    a bad one fails that job alone (parse_specs)."""
+    raw_jobs, pad_to = msg.header.get("jobs"), msg.header.get("pad_to")
+    if not isinstance(raw_jobs, list):
+        raise ProtocolError("job header must hold a 'jobs' list", INTERNAL)
+    if isinstance(pad_to, bool) or not isinstance(pad_to, int) or pad_to < 0:
+        raise ProtocolError(f"job header 'pad_to' must be a non-negative integer, got "
+                            f"{_show(pad_to)}", INTERNAL)
+    entries: list[JobEntry] = []
+    seen: set[bytes] = set()
+    start = 0
+    for raw in raw_jobs:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"each job entry must be a map, got {_show(raw)}", INTERNAL)
+        job_id = _wire_job_id(raw.get("id"))
+        if job_id in seen:
+            raise ProtocolError(f"job id {job_id!r} appears twice", INTERNAL)
+        seen.add(job_id)
+        inputs = raw.get("inputs")
+        if not isinstance(inputs, list) or not all(isinstance(s, dict) for s in inputs):
+            raise ProtocolError(f"job {job_id!r}: 'inputs' must be a list of array specs",
+                                INTERNAL)
+        if start + len(inputs) > len(msg.arrays):
+            raise ProtocolError(f"job {job_id!r} names {len(inputs)} arrays, but only "
+                                f"{len(msg.arrays) - start} remain of the {len(msg.arrays)} "
+                                "that came", INTERNAL)
+        entries.append(JobEntry(job_id, inputs, list(msg.arrays[start:start + len(inputs)])))
+        start += len(inputs)
+    if start != len(msg.arrays):
+        raise ProtocolError(f"job entries name {start} arrays, {len(msg.arrays)} came",
+                            INTERNAL)
+    return entries, pad_to
+
+
+def readable_job_ids(msg: Message) -> list[bytes]:
+    """The ids a JOB message names, as far as they can be read (each once, in order): whom
+    to answer when unpack_job refuses the message, so no job is stranded in flight."""
+    raw_jobs = msg.header.get("jobs")
+    ids: list[bytes] = []
+    for raw in raw_jobs if isinstance(raw_jobs, list) else []:
+        try:
+            job_id = _wire_job_id(raw.get("id") if isinstance(raw, dict) else None)
+        except ProtocolError:
+            continue
+        if job_id not in ids:
+            ids.append(job_id)
+    return ids
+
+
+def _wire_job_id(raw: object) -> bytes:
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_JOB_ID or not raw.isascii():
+        raise ProtocolError(f"job id must be 1 to {MAX_JOB_ID} ASCII characters, got "
+                            f"{_show(raw)}", INTERNAL)
+    return raw.encode("ascii")
+
+
+def pack_results(replies: Sequence[Message], leaving: bool = False) -> Message:
     """The answers to one JOB message as one RESULTS message: one send and one receive per
     batch instead of per job. Each entry names its job, kind and header; the array frames
-    follow in entry order."""
+    follow in entry order. ``leaving``: the worker exits right after this message (its
+    handler asked to be recycled), so it must be sent nothing more."""
     entries = [{"id": r.job_id, "kind": r.kind, "header": r.header, "arrays": len(r.arrays)}
                for r in replies]
-    return Message(RESULTS, b"", {"jobs": entries}, [f for r in replies for f in r.arrays])
+    header: dict[str, Any] = {"jobs": entries}
+    if leaving:
+        header["leaving"] = True
+    return Message(RESULTS, b"", header, [f for r in replies for f in r.arrays])
 
 
-def unpack_results(msg: Message) -> list[Message]:
-    """The per-job answers of a RESULTS message; ProtocolError if it does not add up."""
+def unpack_results(msg: Message) -> tuple[list[Message], bool]:
+    """The per-job answers of a RESULTS message, and whether the worker is leaving;
+    ProtocolError if it does not add up."""
     entries = msg.header.get("jobs")
     if not isinstance(entries, list):
         raise ProtocolError("results header must hold a 'jobs' list")
-    replies, start = [], 0
+    leaving = msg.header.get("leaving", False)
+    if not isinstance(leaving, bool):
+        raise ProtocolError(f"results header 'leaving' must be true or false, got "
+                            f"{_show(leaving)}")
+    replies: list[Message] = []
+    start = 0
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("kind") not in (RESULT, ERROR):
             raise ProtocolError("each results entry must be a map of kind result or error")
         count, job_id, header = entry.get("arrays"), entry.get("id"), entry.get("header")
-        if not isinstance(count, int) or not isinstance(job_id, bytes) or \
-                not isinstance(header, dict):
-            raise ProtocolError("each results entry needs id (bytes), header and arrays")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0 or \
+                not isinstance(job_id, bytes) or not isinstance(header, dict):
+            raise ProtocolError("each results entry needs id (bytes), header (a map) and "
+                                "arrays (a count >= 0)")
+        if start + count > len(msg.arrays):
+            raise ProtocolError(f"results entry {job_id!r} names {count} arrays, but only "
+                                f"{len(msg.arrays) - start} remain of the {len(msg.arrays)} "
+                                "that came")
         replies.append(Message(entry["kind"], job_id, header, msg.arrays[start:start + count]))
         start += count
     if start != len(msg.arrays):
         raise ProtocolError(f"results entries name {start} arrays, {len(msg.arrays)} came")
-    return replies
+    return replies, leaving
 
 
 def error_message(job_id: bytes, code: str, message: str) -> Message:
-    return Message(ERROR, job_id, {"code": code, "message": message})
+    """An ERROR reply. The text is cut to MAX_ERROR_TEXT characters, the cut said at its
+    end, so any reply fits a client's header limit whatever an exception said."""
+    return Message(ERROR, job_id, {"code": code, "message": bound_text(message)})
+
+
+def bound_text(text: str, limit: int = MAX_ERROR_TEXT) -> str:
+    """``text`` if it has at most ``limit`` characters; else its head and a note of how many
+    characters were cut, ``limit`` characters in all."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    # The note's length depends on the count it names; size it for the longest count.
+    width = len(_cut_note(len(text)))
+    keep = max(limit - width, 0)
+    return text[:keep] + _cut_note(len(text) - keep)
+
+
+def _cut_note(cut: int) -> str:
+    return f"... [{cut} more characters cut]"

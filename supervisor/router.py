@@ -4,14 +4,20 @@ Every job is in exactly one place — a queue or the in-flight table of the work
 until it is answered, and answering removes it: that is how each request gets exactly one
 reply. In-flight jobs are kept per worker because the hot path asks per worker (is it idle?
 is this answer from the worker that holds the job?).
+
+The bounds count what a model holds, queued *and* in flight (``max_queue`` jobs,
+``max_queue_bytes`` bytes of arrays): a requeued job moves from one to the other and never
+pushes a model past them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from supervisor.actions import Action, Reply, SendBatch
 from supervisor.batching import BatchPolicy, job_rows, take_batch
 from supervisor.protocol import (
     DEADLINE_EXCEEDED,
@@ -23,7 +29,7 @@ from supervisor.protocol import (
 )
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     id: int
     model: str
@@ -33,28 +39,43 @@ class Job:
     arrays: list[Frame]
     received_at: float
     deadline: float | None = None
-    attempts: int = 0
+    nbytes: int = 0  # array bytes: what the queue bound counts
+    attempts: int = 0  # workers it was sent to, for any cause
     worker: str | None = None
     dispatched_at: float | None = None
-    crashed_workers: list[str] = field(default_factory=list)
+    lost_on: list[str] = field(default_factory=list)  # workers lost while holding it
     solo: bool = False  # was in a batch whose worker died: never batched again
+
+    @functools.cached_property
+    def rows(self) -> int | None:
+        """The batch dimension all its arrays share; None (never batched with another job)
+        when there is none: no arrays, a 0-d array, or arrays that disagree."""
+        firsts = set()
+        for spec in self.inputs:
+            shape = spec.get("shape")
+            if not isinstance(shape, list) or not shape or not isinstance(shape[0], int):
+                return None
+            firsts.add(shape[0])
+        return firsts.pop() if len(firsts) == 1 else None
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
 
 UNBATCHED = BatchPolicy()
-ReplyFn = Callable[[Job, Message], None]
-SendJobFn = Callable[[str, list[Job], int], None]  # worker id, batch, rows to pad up to
 
 
 class Router:
-    def __init__(self, max_queue: int, reply: ReplyFn, send_job: SendJobFn,
-                 observe: ReplyFn | None = None) -> None:
+    def __init__(self, outbox: list[Action], max_queue: int,
+                 max_queue_bytes: int | None = None) -> None:
+        self.outbox = outbox
         self.max_queue = max_queue
-        self._reply = reply
-        self._send_job = send_job
-        self._observe = observe  # sees every answer: metrics
+        self.max_queue_bytes = max_queue_bytes
         self.queues: dict[str, deque[Job]] = {}
         self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
         self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
+        self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
+        self.pending_bytes: dict[str, int] = {}
 
     # --- queries -------------------------------------------------------------------------
 
@@ -69,33 +90,47 @@ class Router:
             yield from jobs.values()
 
     def pending(self) -> int:
-        in_flight = sum(len(jobs) for jobs in self.held.values())
-        return in_flight + sum(len(q) for q in self.queues.values())
+        return sum(self.pending_jobs.values())
 
     # --- flow ----------------------------------------------------------------------------
 
     def answer(self, job: Job, msg: Message) -> None:
-        """The one place a job leaves the system: removed, then replied to."""
-        self._release(job)
-        self._reply(job, msg)
-        if self._observe is not None:
-            self._observe(job, msg)
+        """The one place an admitted job leaves the system: removed, then replied to. A job
+        no longer here (answered already) is never answered twice."""
+        if not self._release(job):
+            return
+        self.pending_jobs[job.model] -= 1
+        self.pending_bytes[job.model] -= job.nbytes
+        self.outbox.append(Reply(job.envelope, msg, job, job.model))
 
     def fail(self, job: Job, code: str, message: str) -> None:
         self.answer(job, error_message(job.client_job_id, code, message))
 
-    def submit(self, job: Job) -> None:
-        queue = self.queues.setdefault(job.model, deque())
-        if len(queue) >= self.max_queue:
-            self.fail(job, OVERLOADED, f"model '{job.model}' has {len(queue)} jobs queued "
-                      f"(max_queue {self.max_queue}); retry later")
-            return
-        queue.append(job)
+    def submit(self, job: Job) -> bool:
+        """Queue a new job, or answer it 'overloaded' when its model holds its limit."""
+        jobs = self.pending_jobs.get(job.model, 0)
+        size = self.pending_bytes.get(job.model, 0)
+        over = None
+        if jobs >= self.max_queue:
+            over = f"{jobs} jobs (max_queue {self.max_queue})"
+        elif self.max_queue_bytes is not None and size + job.nbytes > self.max_queue_bytes:
+            over = f"{size} bytes, this job {job.nbytes} more (max_queue_bytes " \
+                   f"{self.max_queue_bytes})"
+        if over is not None:
+            message = f"model '{job.model}' holds {over}; retry later"
+            self.outbox.append(Reply(job.envelope, error_message(job.client_job_id, OVERLOADED,
+                                                                 message), None, job.model))
+            return False
+        self.queues.setdefault(job.model, deque()).append(job)
+        self.pending_jobs[job.model] = jobs + 1
+        self.pending_bytes[job.model] = size + job.nbytes
+        return True
 
     def dispatch(self, model: str, ready: Iterable[tuple[str, int]], now: float,
                  policy: BatchPolicy = UNBATCHED) -> int:
         """Send queued jobs, batched, to idle workers. ``ready`` is (worker id, jobs done) of
-        the model's ready workers; the least used idle worker goes first, so load spreads."""
+        the model's workers in rotation; the least used idle one goes first, so load
+        spreads."""
         queue = self.queues.get(model)
         if not queue:
             return 0
@@ -112,48 +147,54 @@ class Router:
                 self.held.setdefault(worker_id, {})[job.id] = job
             count, total = self.batches.get(model, (0, 0))
             self.batches[model] = (count + 1, total + rows)
-            self._send_job(worker_id, batch, policy.pad_to(rows))
+            pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
+            self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now))
             sent += len(batch)
         return sent
-
-    def _expired(self, job: Job, now: float) -> None:
-        self.fail(job, DEADLINE_EXCEEDED, f"deadline passed {now - job.received_at:.3f}s after "
-                  "the job was received, before a worker could take it")
 
     def complete(self, job_id: int, worker_id: str) -> Job | None:
         """The in-flight job a worker answered, or None if it is no longer that worker's
         (requeued after a drain timeout, say): a late answer is dropped, never sent twice."""
         return self.held.get(worker_id, {}).get(job_id)
 
-    def _release(self, job: Job) -> None:
-        jobs = self.held.get(job.worker or "")
-        if jobs is not None and jobs.pop(job.id, None) is not None and not jobs:
-            del self.held[job.worker or ""]  # a reaped worker leaves no entry behind
+    def _release(self, job: Job) -> bool:
+        """Take a job out of wherever it is; False if it is nowhere (answered already)."""
+        if job.worker is not None:
+            jobs = self.held.get(job.worker)
+            if jobs is None or jobs.pop(job.id, None) is None:
+                return False
+            if not jobs:
+                del self.held[job.worker]  # a gone worker leaves no entry behind
+            return True
+        queue = self.queues.get(job.model)
+        if queue is None:
+            return False
+        try:
+            queue.remove(job)
+        except ValueError:
+            return False
+        return True
 
     def requeue(self, worker_id: str, max_attempts: int, why: str,
-                blame_jobs: bool = True) -> tuple[int, int]:
+                blame: bool) -> tuple[int, int]:
         """Take back a lost worker's jobs: to the front of their queue, or answered
-        ``worker_crashed`` once they have been tried ``max_attempts`` times. With
-        ``blame_jobs`` false (we killed the worker for its memory, say) the try is not
-        counted against the jobs. Returns (requeued, failed)."""
+        ``worker_crashed`` once they have been sent to ``max_attempts`` workers — every try
+        counts, whatever the cause (docs/protocol.md). With ``blame`` (the worker died or
+        hung while running them) batch mates run alone from then on, so a poison input fails
+        by itself. Returns (requeued, failed)."""
         requeued = failed = 0
-        held = self.held_by(worker_id)
-        for job in sorted(held, key=lambda j: j.id, reverse=True):
-            self._release(job)
+        held = self.held.pop(worker_id, {})
+        for job in sorted(held.values(), key=lambda j: j.id, reverse=True):
             job.worker = job.dispatched_at = None
-            if not blame_jobs:
-                job.attempts -= 1
-                self.queues.setdefault(job.model, deque()).appendleft(job)
-                requeued += 1
-                continue
-            job.crashed_workers.append(worker_id)
-            # Which job of a batch killed the worker is unknown: each runs alone from now on,
-            # so a poison input fails by itself and its batch mates go through.
-            job.solo = job.solo or len(held) > 1
+            job.lost_on.append(worker_id)
+            if blame:
+                job.solo = job.solo or len(held) > 1
             if job.attempts >= max_attempts:
-                self.fail(job, WORKER_CRASHED, f"{why}; the job was tried on {job.attempts} "
-                          f"worker(s) ({', '.join(job.crashed_workers)}), each lost — possibly a "
-                          "poison input; not retried again")
+                self.queues.setdefault(job.model, deque()).appendleft(job)  # to answer it
+                tried = ", ".join(job.lost_on[-8:])
+                note = "possibly a poison input" if blame else f"max_attempts is {max_attempts}"
+                self.fail(job, WORKER_CRASHED, f"{why}; the job was sent to {job.attempts} "
+                          f"worker(s) ({tried}), each lost — {note}; not retried again")
                 failed += 1
             else:
                 self.queues.setdefault(job.model, deque()).appendleft(job)
@@ -168,22 +209,20 @@ class Router:
                 j.dispatched_at is not None and now - j.dispatched_at > timeouts[j.model]]
 
     def expire(self, now: float) -> None:
-        """Answer queued jobs whose deadline has passed (queues are short; a scan is fine)."""
+        """Answer queued jobs whose deadline has passed. One predicate decides both which
+        are answered and which are kept, so no job can fall between the two."""
         for queue in self.queues.values():
-            if not any(j.deadline is not None and now >= j.deadline for j in queue):
-                continue
-            keep = deque(j for j in queue if j.deadline is None or now < j.deadline)
-            for job in queue:
-                if job.deadline is not None and now >= job.deadline:
-                    self._expired(job, now)
-            queue.clear()
-            queue.extend(keep)
+            expired = [job for job in queue if job.expired(now)]
+            for job in expired:
+                self.fail(job, DEADLINE_EXCEEDED, f"deadline passed "
+                          f"{now - job.received_at:.3f}s after the job was received, before "
+                          "a worker could take it")
 
     def fail_queued(self, model: str, code: str, message: str) -> int:
         queue = self.queues.get(model)
         count = 0
         while queue:
-            self.fail(queue.popleft(), code, message)
+            self.fail(queue[0], code, message)
             count += 1
         return count
 
@@ -193,3 +232,12 @@ class Router:
             self.fail(job, code, message)
             count += 1
         return count
+
+    def forget(self, model: str) -> None:
+        """A removed model with nothing pending leaves no entry behind."""
+        if not self.queues.get(model) and not self.pending_jobs.get(model):
+            self.queues.pop(model, None)
+            self.pending_jobs.pop(model, None)
+            self.pending_bytes.pop(model, None)
+            self.batches.pop(model, None)
+

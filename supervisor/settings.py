@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from supervisor.units import parse_duration, parse_size
+from supervisor.units import MAX_DURATION, MAX_SIZE, parse_duration, parse_size
 
 T = TypeVar("T")
 
@@ -36,12 +37,32 @@ class ConfigErrors(Exception):
         self.errors = errors
 
 
-def _got(value: object) -> str:
-    if isinstance(value, str):
-        return f'"{value}"'
+# The largest integer any setting takes: what an int64 holds (sizes, counts, limits).
+MAX_INT = MAX_SIZE
+
+
+def _got(value: object, limit: int = 80) -> str:
+    """A received value as an error message shows it: short, printable, and never an error
+    itself (a hostile file may hold huge ints, control characters or deep nesting)."""
     if value is None:
         return "null"
-    return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        # str() refuses ints of more than 4300 digits; 14000 bits stay well under that.
+        digits = len(str(abs(value))) if value.bit_length() < 14000 else "over 4000"
+        return f"an integer of {digits} digits"
+    try:
+        printable = isinstance(value, str) and value.isprintable()
+        text = f'"{value}"' if printable else repr(value)
+    except Exception:  # RecursionError, ints past str()'s digit limit inside a list, ...
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _key(key: object) -> str:
+    """A mapping key as a path component, bounded like _got."""
+    if isinstance(key, str) and len(key) <= 80 and key.isprintable():
+        return key
+    return _got(key)
 
 
 class Kind:
@@ -71,13 +92,14 @@ class Int(Kind):
         if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum or \
                 (self.maximum is not None and value > self.maximum):
             raise self.fail(value, path)
+        if value > MAX_INT:
+            raise ConfigError(path, f"expected {self.expected} of at most 2**63-1, got "
+                              f"{_got(value)}")
         return value
 
     def schema(self) -> dict[str, Any]:
-        bounds = {"minimum": self.minimum}
-        if self.maximum is not None:
-            bounds["maximum"] = self.maximum
-        return {"type": "integer", **bounds}
+        maximum = MAX_INT if self.maximum is None else self.maximum
+        return {"type": "integer", "minimum": self.minimum, "maximum": maximum}
 
 
 class Float(Kind):
@@ -89,9 +111,15 @@ class Float(Kind):
     def parse(self, value: object, path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(value, path)
-        if value < self.minimum or (self.maximum is not None and value > self.maximum):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past float's range
+            raise self.fail(value, path) from None
+        if not math.isfinite(number):
+            raise ConfigError(path, f"expected a finite number, got {_got(value)}")
+        if number < self.minimum or (self.maximum is not None and number > self.maximum):
             raise self.fail(value, path)
-        return float(value)
+        return number
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "number", "minimum": self.minimum}
@@ -118,10 +146,18 @@ class Str(Kind):
     def parse(self, value: object, path: str) -> str:
         if not isinstance(value, str) or not value:
             raise self.fail(value, path)
+        _refuse_nul(value, path)
         return value
 
     def schema(self) -> dict[str, Any]:
         return {"type": "string", "minLength": 1}
+
+
+def _refuse_nul(value: str, path: str) -> None:
+    """A NUL character cannot reach the OS: paths, endpoints and environment strings with one
+    make os and ZeroMQ calls fail long after the config was accepted."""
+    if "\0" in value:
+        raise ConfigError(path, f"must not contain a NUL character (\\0), got {_got(value)}")
 
 
 class Choice(Kind):
@@ -146,13 +182,13 @@ class Size(Kind):
     def parse(self, value: object, path: str) -> int:
         try:
             return parse_size(value)
-        except ValueError:
-            raise self.fail(value, path) from None
+        except ValueError as exc:  # says which rule: the forms, >= 0, finite, at most 2**63-1
+            raise ConfigError(path, f"{exc}, got {_got(value)}") from None
 
     def schema(self) -> dict[str, Any]:
         return {
             "oneOf": [
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": MAX_SIZE},
                 {"type": "string", "pattern": r"^\s*[0-9.]+\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$"},
             ]
         }
@@ -165,13 +201,13 @@ class Duration(Kind):
     def parse(self, value: object, path: str) -> float:
         try:
             return parse_duration(value)
-        except ValueError:
-            raise self.fail(value, path) from None
+        except ValueError as exc:  # says which rule: the forms, >= 0, finite, at most 10 years
+            raise ConfigError(path, f"{exc}, got {_got(value)}") from None
 
     def schema(self) -> dict[str, Any]:
         return {
             "oneOf": [
-                {"type": "number", "minimum": 0},
+                {"type": "number", "minimum": 0, "maximum": MAX_DURATION},
                 {"type": "string", "pattern": r"^\s*[0-9.]+\s*(ms|s|m|h|d)?\s*$"},
             ]
         }
@@ -218,10 +254,18 @@ class FreeMap(Kind):
             return {}
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise self.fail(value, path)
-        if self.strings:
+        if self.strings:  # an environment: names and values go to execve
             for key, item in value.items():
-                if not isinstance(item, str | int | float) or isinstance(item, bool):
-                    raise ConfigError(f"{path}.{key}", f"expected a string, got {_got(item)}")
+                where = f"{path}.{_key(key)}"
+                if not key or "=" in key:
+                    raise ConfigError(where, "an environment variable name must be non-empty "
+                                      "and without '='")
+                _refuse_nul(key, where)
+                if not isinstance(item, str | int | float) or isinstance(item, bool) or \
+                        (isinstance(item, int) and item.bit_length() > 64):
+                    raise ConfigError(where, f"expected a string, got {_got(item)}")
+                if isinstance(item, str):
+                    _refuse_nul(item, where)
             return {k: str(v) for k, v in value.items()}
         return dict(value)
 
@@ -261,8 +305,8 @@ class MapOf(Kind):
         out: dict[str, Any] = {}
         for key, item in value.items():
             if not isinstance(key, str) or not re.match(self.key_pattern, key):
-                errors.append(ConfigError(f"{path}.{key}", "expected a name of letters, digits, "
-                                          "'_', '-' or '.'"))
+                errors.append(ConfigError(f"{path}.{_key(key)}", "expected a name of letters, "
+                                          "digits, '_', '-' or '.'"))
                 continue
             try:
                 out[key] = self.inner.parse(item, f"{path}.{key}")
@@ -304,10 +348,11 @@ def parse_section(cls: type[T], raw: object, path: str) -> T:
     errors: list[ConfigError] = []
     for key in raw:
         if key not in fields:
-            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            shown = _key(key)
+            hint = difflib.get_close_matches(shown, list(fields), n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             known = ", ".join(sorted(fields))
-            errors.append(ConfigError(_join(path, str(key)), f"unknown key{extra}; known: {known}"))
+            errors.append(ConfigError(_join(path, shown), f"unknown key{extra}; known: {known}"))
     values: dict[str, Any] = {}
     for name, field in fields.items():
         if name not in raw:

@@ -2,11 +2,15 @@
 
 Sizes accept plain bytes or a number with a unit: decimal (kB, MB, GB, TB) or binary
 (KiB, MiB, GiB, TiB). Durations accept plain seconds or a number with ms, s, m, h or d.
+Both must be finite: a size at most MAX_SIZE (2**63-1 bytes, what an int64 holds), a
+duration at most MAX_DURATION (10 years; longer is "never", which is what null says).
 """
 
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
 
 _SIZE_UNITS = {
     "": 1,
@@ -25,36 +29,64 @@ _SIZE_UNITS = {
 }
 _DURATION_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+# Longest number accepted in a string: a longer one is a typo or an attack, never a setting
+# (and Python refuses to convert more than 4300 digits anyway).
+_MAX_DIGITS = 64
+
+MAX_SIZE = 2**63 - 1
+MAX_DURATION = 10 * 365 * 86400.0  # 10 years, in seconds
+_SIZE_FORMS = "expected a size such as 512MiB, 2GB or a number of bytes"
+_DURATION_FORMS = "expected a duration such as 30s, 5m, 24h or a number of seconds"
 
 
 def parse_size(value: object) -> int:
     """Return a size in bytes; raise ValueError with the accepted forms otherwise."""
     if isinstance(value, bool):
-        raise ValueError("expected a size such as 512MiB, 2GB or a number of bytes")
+        raise ValueError(_SIZE_FORMS)
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("expected a size >= 0")
-        return int(value)
-    if isinstance(value, str):
-        match = _NUMBER_UNIT.match(value)
-        if match and match.group(2).lower() in _SIZE_UNITS:
-            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    raise ValueError("expected a size such as 512MiB, 2GB or a number of bytes")
+        number: Fraction = _finite(value, "size")
+    elif isinstance(value, str):
+        number = _number_with_unit(value, _SIZE_UNITS, _SIZE_FORMS)
+    else:
+        raise ValueError(_SIZE_FORMS)
+    if number < 0:
+        raise ValueError("expected a size >= 0")
+    if number > MAX_SIZE:
+        raise ValueError("expected a size of at most 2**63-1 bytes (8 EiB)")
+    return int(number)
 
 
 def parse_duration(value: object) -> float:
     """Return a duration in seconds; raise ValueError with the accepted forms otherwise."""
     if isinstance(value, bool):
-        raise ValueError("expected a duration such as 30s, 5m, 24h or a number of seconds")
+        raise ValueError(_DURATION_FORMS)
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("expected a duration >= 0")
-        return float(value)
-    if isinstance(value, str):
-        match = _NUMBER_UNIT.match(value)
-        if match and match.group(2).lower() in _DURATION_UNITS:
-            return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
-    raise ValueError("expected a duration such as 30s, 5m, 24h or a number of seconds")
+        number: Fraction = _finite(value, "duration")
+    elif isinstance(value, str):
+        number = _number_with_unit(value, _DURATION_UNITS, _DURATION_FORMS)
+    else:
+        raise ValueError(_DURATION_FORMS)
+    if number < 0:
+        raise ValueError("expected a duration >= 0")
+    if number > MAX_DURATION:
+        raise ValueError("expected a duration of at most 10 years (null turns a limit off)")
+    return float(number)
+
+
+def _finite(value: int | float, what: str) -> Fraction:
+    """An exact number (no float overflow or rounding on the way); NaN and infinities are
+    refused."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite {what}")
+    return Fraction(value)
+
+
+def _number_with_unit(text: str, units: dict[str, float] | dict[str, int],
+                      forms: str) -> Fraction:
+    match = _NUMBER_UNIT.match(text)
+    if not match or match.group(2).lower() not in units or len(match.group(1)) > _MAX_DIGITS:
+        raise ValueError(forms)
+    return Fraction(match.group(1)) * Fraction(str(units[match.group(2).lower()]))
 
 
 def format_size(nbytes: float | None) -> str:

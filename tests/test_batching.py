@@ -14,13 +14,17 @@ from supervisor.batching import BatchPolicy, powers_of_two, take_batch
 from supervisor.config import parse_config
 from supervisor.protocol import (
     INFER,
+    INTERNAL_HOP,
     JOB,
+    MAX_ERROR_TEXT,
     RESULT,
+    JobEntry,
     Message,
     TensorSpec,
     decode,
     encode,
     pack_arrays,
+    pack_job,
     unpack_arrays,
 )
 from supervisor.router import Job
@@ -98,12 +102,12 @@ def test_batching_settings_are_validated() -> None:
 # --- worker side, in process --------------------------------------------------------------
 
 def batch_message(parts: list[dict[str, np.ndarray]], pad_to: int) -> Message:
-    jobs, frames = [], []
+    entries = []
     for i, arrays in enumerate(parts):
         specs, own = pack_arrays(arrays)
-        jobs.append({"id": str(i), "inputs": specs})
-        frames.extend(own)
-    return Message(JOB, b"", {"jobs": jobs, "pad_to": pad_to}, frames)
+        entries.append(JobEntry(str(i).encode(), specs, own))
+    msg = pack_job(entries, pad_to)
+    return decode(encode(msg), INTERNAL_HOP)  # as the worker receives it
 
 
 class Doubler:
@@ -151,6 +155,159 @@ def test_a_bad_job_never_fails_its_batch_mates() -> None:
     assert got[b"2"] == "internal"  # the model failed on it: found by running each alone
     np.testing.assert_array_equal(got[b"0"], np.full((1, 2), 2))
     np.testing.assert_array_equal(got[b"3"], np.full((2, 2), 6))
+
+
+class Mirror:
+    """Declares no inputs (like a handler that does not say) and returns what it gets."""
+
+    inputs = None
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, tuple[int, ...]]] = []
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.seen.append({name: array.shape for name, array in inputs.items()})
+        return {name: np.array(array) for name, array in inputs.items()}
+
+
+def replies_by_id(replies: list[Message]) -> dict[bytes, Message]:
+    by_id = {reply.job_id: reply for reply in replies}
+    assert len(by_id) == len(replies)  # one answer each
+    return by_id
+
+
+def test_a_job_without_one_batch_size_is_never_batched() -> None:
+    """{a: 1 row, b: 0 rows} batched with another client's job once got that client's row."""
+    model = Mirror()
+    runner = Runner(model, None, None)
+    f32 = np.float32
+    parts = [{"a": np.full((1, 2), 1, f32), "b": np.zeros((0, 2), f32)},
+             {"a": np.full((1, 2), 2, f32), "b": np.full((1, 2), 2, f32)},
+             {"a": np.array(3, f32), "b": np.array(3, f32)},
+             {},
+             {"a": np.full((2, 2), 4, f32), "b": np.full((2, 2), 4, f32)}]
+    got = replies_by_id(run_batch(runner, batch_message(parts, pad_to=4)))
+    for job_id, detail in ((b"0", "a has 1 rows, b has 0 rows"), (b"2", "a is 0-d, b is 0-d"),
+                           (b"3", "the job has no arrays")):
+        assert got[job_id].header["code"] == "bad_request"
+        assert got[job_id].header["message"].startswith(
+            f"inputs disagree on the batch size ({detail})")
+    assert model.seen == [{"a": (4, 2), "b": (4, 2)}]  # jobs 1 and 4, padded from 3 rows
+    for job_id, value, rows in ((b"1", 2, 1), (b"4", 4, 2)):
+        out = unpack_arrays(got[job_id].header["outputs"], got[job_id].arrays)
+        for name in ("a", "b"):
+            np.testing.assert_array_equal(out[name], np.full((rows, 2), value))
+
+
+@pytest.mark.parametrize("arrays", [
+    {"a": np.ones((1, 2), np.float32), "b": np.zeros((0, 2), np.float32)},
+    {"a": np.array(3.0, np.float32)},
+    {},
+])
+def test_alone_such_a_job_runs_as_it_came(arrays: dict[str, np.ndarray]) -> None:
+    model = Mirror()
+    (reply,) = run_batch(Runner(model, None, None), batch_message([arrays], pad_to=8))
+    if not arrays:  # nothing to return: the model's fault, answered
+        assert reply.header["code"] == "internal"
+        assert "returned no outputs" in reply.header["message"]
+        return
+    assert reply.kind == RESULT, reply.header
+    assert model.seen == [{n: a.shape for n, a in arrays.items()}]  # not padded, not split
+    out = unpack_arrays(reply.header["outputs"], reply.arrays)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(out[name], array)
+
+
+def test_padding_repeats_the_last_row_even_after_an_empty_job() -> None:
+    model = Mirror()
+    parts = [{"x": np.array([[1.0], [2.0]], np.float32)}, {"x": np.zeros((0, 1), np.float32)}]
+    got = replies_by_id(run_batch(Runner(model, None, None), batch_message(parts, pad_to=4)))
+    assert model.seen == [{"x": (4, 1)}]
+    assert unpack_arrays(got[b"1"].header["outputs"], got[b"1"].arrays)["x"].shape == (0, 1)
+    np.testing.assert_array_equal(
+        unpack_arrays(got[b"0"].header["outputs"], got[b"0"].arrays)["x"], [[1.0], [2.0]])
+
+
+def test_jobs_of_different_layouts_run_apart() -> None:
+    """The supervisor never batches them; if it did, numpy would upcast float32 silently."""
+    model = Mirror()
+    parts = [{"x": np.ones((1, 2), np.float32)}, {"x": np.ones((1, 2), np.float64)}]
+    got = replies_by_id(run_batch(Runner(model, None, None), batch_message(parts, pad_to=2)))
+    assert model.seen == [{"x": (1, 2)}, {"x": (1, 2)}]
+    assert unpack_arrays(got[b"0"].header["outputs"], got[b"0"].arrays)["x"].dtype == np.float32
+    assert unpack_arrays(got[b"1"].header["outputs"], got[b"1"].arrays)["x"].dtype == np.float64
+
+
+@pytest.mark.parametrize(("header", "frames", "answered"), [
+    ({"jobs": [{"id": "1", "inputs": []}, {"id": "2", "inputs": []}]}, [], [b"1", b"2"]),
+    ({"jobs": [{"id": "1", "inputs": []}, {"id": 2, "inputs": []}], "pad_to": 0}, [], [b"1"]),
+    ({"jobs": [{"id": "1", "inputs": [{"name": "x"}]}], "pad_to": 0}, [], [b"1"]),
+    ({"jobs": [{"id": "1", "inputs": []}], "pad_to": 0}, [b"stray"], [b"1"]),
+    ({"jobs": "all of them", "pad_to": 0}, [], []),
+    ({}, [b"x"], []),
+])
+def test_a_malformed_job_message_is_answered_as_far_as_it_can_be_read(
+        header: dict[str, Any], frames: list[bytes], answered: list[bytes]) -> None:
+    model = Mirror()
+    replies = run_batch(Runner(model, None, None), Message(JOB, b"", header, list(frames)))
+    assert [r.job_id for r in replies] == answered  # nothing it cannot attribute
+    assert all(r.header["code"] == "internal" for r in replies)
+    assert all("could not read the job message" in r.header["message"] for r in replies)
+    assert model.seen == []  # nothing ran
+
+
+class Loud:
+    inputs = None
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise self.error
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_model_errors_are_bounded_and_never_escape() -> None:
+    parts = [{"x": np.ones((1, 2), np.float32)}, {"x": np.ones((1, 2), np.float32)}]
+    replies = run_batch(Runner(Loud(ValueError("v" * 1_000_000)), None, None),
+                        batch_message(parts, pad_to=2))
+    assert [r.header["code"] for r in replies] == ["internal", "internal"]  # each run alone
+    text = replies[0].header["message"]
+    assert len(text) <= MAX_ERROR_TEXT and text.startswith("model raised ValueError: vvv")
+    assert text.endswith("more characters cut]")
+    (reply,) = run_batch(Runner(Loud(Unprintable()), None, None), batch_message(parts[:1], 0))
+    assert reply.header["message"] == "model raised Unprintable: (its message cannot be read)"
+
+
+class Returns:
+    inputs = None
+
+    def __init__(self, outputs: dict[Any, np.ndarray]) -> None:
+        self.outputs = outputs
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[Any, np.ndarray]:
+        return self.outputs
+
+
+@pytest.mark.parametrize(("outputs", "fragment"), [
+    ({f"y{i}": np.ones(1) for i in range(65)}, "65 outputs, more than the 64"),
+    ({7: np.ones(1)}, "output name 7 is not a string"),
+    ({"": np.ones(1)}, "output name '' is not a string"),
+    ({"y" * 257: np.ones(1)}, "is not a string of 1 to 256"),
+    ({"y": np.ones((1,) * 9)}, "9 dimensions, more than the 8"),
+    ({"y": np.ones(3)}, "first dimension is not the batch size [1]"),
+])
+def test_outputs_a_client_could_not_read_are_refused(outputs: dict[Any, np.ndarray],
+                                                     fragment: str) -> None:
+    """The reply must decode at the client: at most 64 arrays, names and ranks it accepts."""
+    (reply,) = run_batch(Runner(Returns(outputs), None, None),
+                         batch_message([{"x": np.ones((1, 2), np.float32)}], pad_to=1))
+    assert reply.header["code"] == "internal"
+    assert fragment in reply.header["message"]
 
 
 # --- end to end ---------------------------------------------------------------------------

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.config import config_schema, load_config, parse_config
 from supervisor.settings import ConfigErrors
@@ -179,3 +182,192 @@ def test_configuration_reference_is_current() -> None:
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert doc.strip() == config_reference().strip(), \
         "regenerate: tfsupervisor schema --markdown > docs/configuration.md"
+
+
+# --- hostile files: only ConfigErrors, with the path where one can be named ----------------
+
+NAN, INF = ".nan", ".inf"
+BIG = "9" * 400
+
+
+@pytest.mark.parametrize(("setting", "value", "fragment"), [
+    ("supervisor: {max_queue_bytes: %s}", INF, "supervisor.max_queue_bytes: expected a finite "
+     "size, got inf"),
+    ("supervisor: {max_message_size: %s}", "-" + INF, "supervisor.max_message_size: expected "
+     "a finite size"),
+    ("supervisor: {max_header_size: %s}", NAN, "supervisor.max_header_size: expected a finite"),
+    ("supervisor: {max_queue_bytes: %s}", BIG, "supervisor.max_queue_bytes: expected a size of "
+     "at most 2**63-1 bytes (8 EiB), got an integer of 400 digits"),
+    ("supervisor: {max_queue_bytes: '%s'}", BIG, "supervisor.max_queue_bytes: expected a size"),
+    ("supervisor: {max_queue_bytes: 8388608TiB}", "", "at most 2**63-1 bytes"),
+    ("supervisor: {poll_interval: %s}", NAN, "supervisor.poll_interval: expected a finite "
+     "duration, got nan"),
+    ("supervisor: {start_timeout: %s}", INF, "supervisor.start_timeout: expected a finite"),
+    ("supervisor: {shutdown_timeout: %s}", BIG, "supervisor.shutdown_timeout: expected a "
+     "duration of at most 10 years"),
+    ("supervisor: {shutdown_timeout: 3651d}", "", "at most 10 years"),
+    ("supervisor: {max_queue: %s}", BIG, "supervisor.max_queue: expected a positive integer of "
+     "at most 2**63-1, got an integer of 400 digits"),
+    ("defaults: {policy: {jitter: %s}}", NAN, "defaults.policy.jitter: expected a finite number"),
+    ("defaults: {policy: {max_memory: %s}}", INF, "defaults.policy.max_memory: expected a "
+     "finite size"),
+    ("supervisor: {runtime_dir: \"run\\0dir\"}", "", "supervisor.runtime_dir: must not contain "
+     "a NUL character"),
+    ("supervisor: {endpoints: [\"ipc://x\\0y\"]}", "", "supervisor.endpoints[0]: must not "
+     "contain a NUL"),
+    ("supervisor: {metrics: \"\\0\"}", "", "supervisor.metrics: must not contain a NUL"),
+])
+def test_hostile_values_name_their_path(setting: str, value: str, fragment: str) -> None:
+    text = MINIMAL + (setting % value if "%s" in setting else setting)
+    assert fragment in "\n".join(errors_of(text))
+
+
+@pytest.mark.parametrize(("model", "fragment"), [
+    ("{saved_model: \"m\\0\"}", "models.demo.saved_model: must not contain a NUL"),
+    ("{handler: \"a:b\\0\"}", "models.demo.handler: must not contain a NUL"),
+    ("{handler: 'a:b', batching: {batch_timeout_ms: .inf}}",
+     "models.demo.batching.batch_timeout_ms: expected a finite number, got inf"),
+    ("{handler: 'a:b', batching: {batch_timeout_ms: " + BIG + "}}",
+     "models.demo.batching.batch_timeout_ms: expected a number >= 0.0"),
+    ("{handler: 'a:b', env: {A: \"x\\0y\"}}", "models.demo.env.A: must not contain a NUL"),
+    ("{handler: 'a:b', env: {\"A\\0\": x}}", "models.demo.env.'A\\x00': must not contain"),
+    ("{handler: 'a:b', env: {\"A=B\": x}}", "models.demo.env.A=B: an environment variable "
+     "name must be non-empty and without '='"),
+    ("{handler: 'a:b', env: {A: " + BIG + "}}", "models.demo.env.A: expected a string, got an "
+     "integer of 400 digits"),
+    ("{handler: 'a:b', workers: " + BIG + "}", "models.demo.workers: expected a positive "
+     "integer of at most 2**63-1"),
+])
+def test_hostile_model_values(model: str, fragment: str) -> None:
+    assert fragment in "\n".join(errors_of(f"models: {{demo: {model}}}"))
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("a: " + "1" * 5000, "not valid YAML: Exceeds the limit (4300 digits)"),
+    ("a: 2024-13-45", "not valid YAML: month must be in 1..12"),
+    ("a: " + "[" * 5000, "not valid YAML: nested too deeply"),
+    ("a: \x00", "not valid YAML"),
+    ("{" + BIG + ": 1}", "unknown key"),
+])
+def test_yaml_that_python_cannot_build(text: str, fragment: str) -> None:
+    assert fragment in "\n".join(errors_of(text))
+
+
+def test_non_utf8_and_oversized_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = tmp_path / "latin1.yaml"
+    file.write_bytes("models: {démo: {handler: 'a:b'}}".encode("latin-1"))
+    with pytest.raises(ConfigErrors) as info:
+        load_config(file)
+    assert str(info.value) == f"{file} is not UTF-8 text: byte 0xe9 at offset 10"
+    file.write_bytes(b"\xef\xbb\xbf" + MINIMAL.encode())  # a UTF-8 BOM is fine
+    assert load_config(file).models["demo"].workers == 1
+    monkeypatch.setattr("supervisor.config.MAX_CONFIG_BYTES", 16)
+    with pytest.raises(ConfigErrors, match="larger than 0 MiB: not a config file"):
+        load_config(file)
+    with pytest.raises(ConfigErrors, match="cannot read"):
+        load_config(tmp_path)  # a directory
+
+
+def test_unexpected_errors_become_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object) -> None:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr("supervisor.config._resolve_paths", broken)
+    with pytest.raises(ConfigErrors) as info:
+        parse_config(MINIMAL)
+    assert str(info.value) == ("the configuration could not be checked: unexpected KeyError: "
+                               "'surprise'")
+
+
+def test_max_queue_bytes() -> None:
+    assert parse_config(MINIMAL).supervisor.max_queue_bytes == 256 * 1024**2
+    config = parse_config(MINIMAL + "supervisor: {max_queue_bytes: 1GiB}")
+    assert config.supervisor.max_queue_bytes == 1024**3
+    assert "supervisor.max_queue_bytes: expected a size" in \
+        "\n".join(errors_of(MINIMAL + "supervisor: {max_queue_bytes: lots}"))
+
+
+def test_integers_in_the_schema_fit_int64() -> None:
+    props = config_schema()["properties"]["supervisor"]["properties"]
+    assert props["max_queue"]["maximum"] == 2**63 - 1
+
+
+SPECIAL_VALUES = st.sampled_from([
+    float("inf"), float("-inf"), float("nan"), 10**400, -(10**400), 2**63, 2**63 - 1, -1, 0,
+    1e308, -0.0, "\0", "a\0b", "ipc://x\0", "1.5GiB", "30s", "8388608TiB", "3651d", "9" * 400,
+    "", "a:b", "=", True, None, [], {}])
+yaml_values = st.recursive(
+    SPECIAL_VALUES | SPECIAL_VALUES | st.none() | st.booleans() | st.integers() | st.floats()
+    | st.text(max_size=12) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(max_size=6) | st.integers() | SPECIAL_VALUES.filter(lambda v: isinstance(v, str)),
+        inner, max_size=3),
+    max_leaves=8)
+
+
+def _setting_paths() -> list[tuple[str, ...]]:
+    from supervisor.config import (
+        BatchingConfig,
+        CurveConfig,
+        ModelConfig,
+        PolicyConfig,
+        SupervisorSection,
+        TfConfig,
+    )
+    from supervisor.settings import section_fields
+
+    def names(cls: type) -> list[str]:
+        return [f.name for f in section_fields(cls)]
+
+    paths = [("supervisor", n) for n in names(SupervisorSection)]
+    paths += [("supervisor", "curve", n) for n in names(CurveConfig)]
+    paths += [("models", "m", n) for n in names(ModelConfig)]
+    for section, cls in (("policy", PolicyConfig), ("tf", TfConfig),
+                         ("batching", BatchingConfig)):
+        paths += [("models", "m", section, n) for n in names(cls)]
+    paths += [("defaults", "policy", n) for n in names(PolicyConfig)]
+    paths += [("models",), ("models", "m"), ("supervisor",), ("defaults",), ("x",)]
+    return paths
+
+
+def _only_config_errors(text: str) -> None:
+    try:
+        parse_config(text)
+    except ConfigErrors as errors:
+        assert errors.errors and all(isinstance(e.message, str) for e in errors.errors)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(_setting_paths()), yaml_values)
+def test_fuzzed_setting_values_raise_only_config_errors(path: tuple[str, ...],
+                                                        value: object) -> None:
+    doc: dict[str, object] = {"models": {"m": {"handler": "a:b"}}}
+    node = doc
+    for key in path[:-1]:
+        child = node.get(key)
+        node[key] = child = dict(child) if isinstance(child, dict) else {}
+        node = child
+    node[path[-1]] = value
+    try:
+        text = yaml.safe_dump(doc)
+    except (yaml.YAMLError, ValueError):  # a value yaml itself cannot write
+        return
+    _only_config_errors(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_fuzzed_text_raises_only_config_errors(text: str) -> None:
+    _only_config_errors(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=100).map(lambda t: (MINIMAL + t).encode()))
+def test_fuzzed_files_raise_only_config_errors(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "config.yaml"
+        file.write_bytes(data)
+        try:
+            load_config(file)
+        except ConfigErrors as errors:
+            assert errors.errors

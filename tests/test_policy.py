@@ -48,7 +48,7 @@ def decide(samples: list[Sample], policy: PolicyConfig = POLICY, jitter: float =
 
 
 def test_flat_is_kept() -> None:
-    assert decide(series(lambda i: BASE)) == (Action.KEEP, "")
+    assert decide(series(lambda i: BASE)) == (Action.KEEP, None)
 
 
 def test_noisy_flat_is_kept() -> None:

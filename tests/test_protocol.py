@@ -3,30 +3,45 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import msgpack
 import numpy as np
 import pytest
 import zmq
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from supervisor.protocol import (
+    ERROR,
     INFER,
+    INTERNAL_HOP,
+    JOB,
+    MAX_ERROR_TEXT,
     NUMERIC_DTYPES,
     RESULT,
+    RESULTS,
     VERSION,
     ZERO_COPY_MIN,
+    JobEntry,
     Message,
     ProtocolError,
     TensorSpec,
+    arrays_from,
+    batch_rows,
+    check_frames,
+    check_specs,
     decode,
     encode,
     error_message,
     pack_arrays,
+    pack_job,
     pack_results,
+    parse_specs,
+    readable_job_ids,
     split_envelope,
     unpack_arrays,
+    unpack_job,
     unpack_results,
 )
 
@@ -144,10 +159,46 @@ def test_results_round_trip() -> None:
     replies = [Message(RESULT, b"1", {"outputs": ["specs"]}, frames),
                error_message(b"2", "bad_request", "no"),
                Message(RESULT, b"3", {"outputs": []}, [b"tail"])]
-    back = unpack_results(decode(encode(pack_results(replies))))
+    back, leaving = unpack_results(decode(encode(pack_results(replies)), INTERNAL_HOP))
     assert [(m.kind, m.job_id, m.header) for m in back] == \
         [(m.kind, m.job_id, m.header) for m in replies]
     assert [len(m.arrays) for m in back] == [2, 0, 1] and back[2].arrays == [b"tail"]
+    assert leaving is False and "leaving" not in pack_results(replies).header
+
+
+def test_results_say_when_the_worker_is_leaving() -> None:
+    msg = pack_results([error_message(b"7", "internal", "x")], leaving=True)
+    assert msg.header["leaving"] is True
+    back, leaving = unpack_results(decode(encode(msg), INTERNAL_HOP))
+    assert leaving is True and [m.job_id for m in back] == [b"7"]
+    assert unpack_results(decode(encode(pack_results([], leaving=True)), INTERNAL_HOP)) == \
+        ([], True)
+
+
+def test_a_long_error_text_crosses_the_internal_hop() -> None:
+    """A worker's answer with a 100 KiB error text: once undecodable, its batch stranded."""
+    text = "e" * 100 * 1024
+    msg = pack_results([Message(ERROR, b"1", {"code": "internal", "message": text}),
+                        Message(RESULT, b"2", {"outputs": []}, [])])
+    frames = encode(msg)
+    with pytest.raises(ProtocolError):
+        decode(frames)  # a client's limits: 64 KiB headers
+    back, _ = unpack_results(decode(frames, INTERNAL_HOP))
+    assert back[0].header["message"] == text and back[1].job_id == b"2"
+
+
+def test_error_texts_are_bounded_where_they_are_made() -> None:
+    assert error_message(b"j", "internal", "short").header == {"code": "internal",
+                                                                 "message": "short"}
+    exact = "x" * MAX_ERROR_TEXT
+    assert error_message(b"j", "internal", exact).header["message"] == exact
+    long = "y" * (MAX_ERROR_TEXT + 1) + "z" * 1_000_000
+    text = error_message(b"j", "internal", long).header["message"]
+    assert len(text) <= MAX_ERROR_TEXT and text.startswith("y" * 4000)
+    kept = text.index("...")
+    assert text.endswith(f"... [{len(long) - kept} more characters cut]")
+    # The reply fits a client's 64 KiB header, whatever the text was.
+    decode(encode(error_message(b"j", "internal", "\u20ac" * 100_000)))
 
 
 @pytest.mark.parametrize(("header", "arrays", "fragment"), [
@@ -156,11 +207,21 @@ def test_results_round_trip() -> None:
     ({"jobs": [{"id": "1", "kind": b"result", "header": {}, "arrays": 0}]}, [], "id"),
     ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 2}]}, [b"a"], "2 arrays"),
     ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 0}]}, [b"a"], "0 arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": -1}]}, [], "arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": True}]}, [b"a"],
+     "arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": [], "arrays": 0}]}, [], "header"),
+    # Counts of 2 and -1 add up to the 1 frame that came, but the first names 2 of it.
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 2},
+               {"id": b"2", "kind": b"result", "header": {}, "arrays": -1}]}, [b"a"], "remain"),
+    ({"jobs": [], "leaving": 1}, [], "leaving"),
+    ({"jobs": [], "leaving": [True]}, [], "leaving"),
+    ({"jobs": [{"id": b"1", "kind": [b"result"], "header": {}, "arrays": 0}]}, [], "kind"),
 ])
 def test_unpack_results_refuses_what_does_not_add_up(header: dict[str, object],
                                                      arrays: list[bytes], fragment: str) -> None:
     with pytest.raises(ProtocolError, match=fragment):
-        unpack_results(Message(b"results", b"", header, list(arrays)))
+        unpack_results(Message(RESULTS, b"", header, list(arrays)))
 
 
 def test_envelopes() -> None:
@@ -218,3 +279,262 @@ def test_array_round_trip_property(dtype: str, shape: list[int]) -> None:
     specs, frames = pack_arrays({"a": array})
     out = unpack_arrays(specs, [bytes(f) for f in frames])["a"]
     assert out.shape == array.shape and out.dtype == array.dtype
+
+
+# --- hostile specs: ProtocolError, never TypeError / ValueError / OverflowError / KeyError ---
+
+HOSTILE = [[1], {"a": 1}, b"float32", None, 3, 2.5, float("nan"), True, "", ["float32"],
+           {"float32": 1}, 2**70, "x" * 100_000]
+
+
+@pytest.mark.parametrize("dtype", HOSTILE)
+def test_hostile_dtypes_are_protocol_errors(dtype: object) -> None:
+    with pytest.raises(ProtocolError, match=r"dtype .* is not one of"):
+        parse_specs([{"name": "a", "dtype": dtype, "shape": [1]}])
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_names_are_protocol_errors(name: object) -> None:
+    with pytest.raises(ProtocolError, match="'name' must be a non-empty string"):
+        parse_specs([{"name": name, "dtype": "float32", "shape": [1]}])
+
+
+@pytest.mark.parametrize("shape", [
+    [2**70], [0, 2**70], [0, 2**62, 4], [2**31, 0, 2**33], [2**64 - 1], [0, 2**63],
+    [2**40] * 8, [0] + [2**20] * 7,
+])
+def test_absurd_shapes_are_refused_even_with_no_elements(shape: list[int]) -> None:
+    spec = [{"name": "a", "dtype": "float32", "shape": shape}]
+    with pytest.raises(ProtocolError, match="too large"):
+        unpack_arrays(spec, [b""])
+    with pytest.raises(ProtocolError, match="too large"):
+        parse_specs([dict(spec[0], dtype="string")])
+
+
+def test_the_largest_addressable_empty_array_still_unpacks() -> None:
+    out = unpack_arrays([{"name": "a", "dtype": "uint8", "shape": [0, 2**62]}], [b""])
+    assert out["a"].shape == (0, 2**62)
+    out = unpack_arrays([{"name": "s", "dtype": "string", "shape": [2**59, 0]}], [b""])
+    assert out["s"].shape == (2**59, 0)
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ({"name": "a", "dtype": "float32", "shape": [[1]]}, "bad dimension"),
+    ({"name": "a", "dtype": "float32", "shape": [1.0]}, "bad dimension"),
+    ({"name": "a", "dtype": "float32", "shape": [True]}, "bad dimension"),
+    ({"name": "a", "dtype": "float32", "shape": {"0": 1}}, "shape must be a list"),
+    ({"name": "a", "dtype": "float32", "shape": b"\x01"}, "shape must be a list"),
+    ({"name": "a", "dtype": "float32", "shape": "1"}, "shape must be a list"),
+    ({"name": "a", "dtype": "float32"}, "shape must be a list"),
+    ({"name": "a" * 257, "dtype": "float32", "shape": [1]}, "at most 256 characters"),
+    ([("name", "a")], "must be a map"),
+])
+def test_malformed_specs(spec: object, fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=fragment):
+        parse_specs([spec])
+
+
+def test_error_messages_about_hostile_values_stay_short() -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_specs([{"name": "a", "dtype": ["x" * 100_000], "shape": [1]}])
+    assert len(str(info.value)) < 400
+    nested: object = 1
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(ProtocolError) as info:  # repr would recurse too deeply
+        parse_specs([{"name": "a", "dtype": nested, "shape": [1]}])
+    assert "dtype a list is not one of" in str(info.value)
+
+
+def test_check_functions_refuse_specs_made_in_code() -> None:
+    with pytest.raises(ProtocolError, match="cannot travel"):
+        check_frames([TensorSpec("a", "object", (1,))], [b"12345678"])
+    with pytest.raises(ProtocolError, match="disagree on the batch size"):
+        check_specs([TensorSpec("a", "float32", (None,)), TensorSpec("b", "float32", (None,))],
+                    [TensorSpec("a", "float32", (1,)), TensorSpec("b", "float32", (2,))])
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=12) | st.binary(max_size=12)
+    | st.sampled_from(["float32", "string", "uint8", 2**62, 2**63, 2**64 - 1, -1, 0, 1]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=4),
+    max_leaves=10)
+# Beyond what msgpack can carry: the same parsers read handler options and config values.
+any_values = msgpack_values | st.integers() | st.sampled_from([2**70, -(2**70), 10**400])
+HUGE_DIMS = st.sampled_from([2**31, 2**61, 2**62, 2**63, 2**64 - 1, 2**70])
+dims = st.integers(0, 4) | st.integers(0, 4) | HUGE_DIMS | HUGE_DIMS | any_values
+
+
+ITEMSIZES = {"float32": 4, "uint8": 1, "bool": 1}
+
+
+def _fitting_frame(spec: object) -> bytes:
+    """The frame a spec asks for, where it can be made (so the arrays get built, too)."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list):
+        return b""
+    shape = spec["shape"]
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return b""
+    count = math.prod(shape)
+    if count > 64:
+        return b""
+    if spec.get("dtype") == "string":
+        return b"\x00\x00\x00\x00" * count
+    return b"\x00" * count * ITEMSIZES.get(str(spec.get("dtype")), 1)
+
+
+@st.composite
+def hostile_specs(draw: st.DrawFn) -> tuple[object, list[bytes]]:
+    """A spec list with each field either sensible or hostile, and its frames: random, or
+    the ones the specs ask for (empty arrays with absurd dimensions get that far)."""
+    count = draw(st.integers(0, 4))
+    specs: list[object] = []
+    for i in range(count):
+        if draw(st.integers(0, 9)) == 0:
+            specs.append(draw(any_values))
+            continue
+        spec: dict[str, object] = {}
+        for key, good in (("name", st.sampled_from([f"a{i}", "a0"])),
+                          ("dtype", st.sampled_from(["float32", "string", "uint8", "bool"])),
+                          ("shape", st.lists(dims, max_size=9))):
+            choice = draw(st.integers(0, 5))
+            if choice == 0:
+                continue  # missing
+            spec[key] = draw(any_values if choice == 1 else good)
+        specs.append(spec)
+    if draw(st.booleans()):
+        return specs, [_fitting_frame(spec) for spec in specs]
+    return specs, draw(st.lists(st.binary(max_size=16), max_size=4))
+
+
+def _parse_and_check(specs: object, frames: list[bytes]) -> None:
+    try:
+        parsed = parse_specs(specs)
+        check_frames(parsed, frames, max_elements=10**6)
+        arrays_from(parsed, frames)
+        batch_rows(parsed)
+    except ProtocolError as exc:
+        assert len(str(exc)) < 2000
+
+
+@settings(max_examples=500, deadline=None)
+@given(any_values, st.lists(st.binary(max_size=16), max_size=3))
+def test_fuzzed_inputs_lists_raise_only_protocol_errors(specs: object,
+                                                        frames: list[bytes]) -> None:
+    _parse_and_check(specs, frames)
+
+
+@settings(max_examples=800, deadline=None)
+@given(hostile_specs())
+@example(([{"name": "a", "dtype": ["float32"], "shape": [1]}], [b"abcd"]))
+@example(([{"name": "a", "dtype": {"x": 1}, "shape": [1]}], [b"abcd"]))
+@example(([{"name": "a", "dtype": "float32", "shape": [0, 2**63]}], [b""]))
+@example(([{"name": "a", "dtype": "string", "shape": [0, 2**62, 4]}], [b""]))
+@example(([{"name": "a", "dtype": "uint8", "shape": [2**70, 0]}], [b""]))
+def test_fuzzed_spec_fields_raise_only_protocol_errors(case: tuple[object, list[bytes]]) -> None:
+    specs, frames = case
+    _parse_and_check(specs, frames)
+    try:
+        packed = encode(Message(INFER, b"j", {"inputs": specs}, list(frames)))
+    except (OverflowError, TypeError, ValueError):
+        return  # not msgpack-able (an int beyond 64 bits): cannot arrive on the wire
+    with contextlib.suppress(ProtocolError):
+        msg = decode(packed)
+        _parse_and_check(msg.header.get("inputs"), list(map(bytes, msg.arrays)))
+
+
+# --- JOB messages ---------------------------------------------------------------------------
+
+def _entry(job_id: bytes, **arrays: np.ndarray) -> JobEntry:
+    specs, frames = pack_arrays(arrays)
+    return JobEntry(job_id, specs, frames)
+
+
+def test_job_round_trip() -> None:
+    entries = [_entry(b"17", x=np.ones((2, 3), np.float32)), _entry(b"18"),
+               _entry(b"19", x=np.zeros((1, 3), np.float32), s=np.array(["a"], object))]
+    msg = pack_job(entries, pad_to=4)
+    assert msg.kind == JOB and msg.job_id == b""
+    assert msg.header["pad_to"] == 4 and [j["id"] for j in msg.header["jobs"]] == \
+        ["17", "18", "19"]  # the same wire layout as before: ids as text
+    back, pad_to = unpack_job(decode([bytes(f) for f in encode(msg)], INTERNAL_HOP))
+    assert pad_to == 4
+    assert [(e.id, e.inputs, len(e.arrays)) for e in back] == \
+        [(e.id, e.inputs, len(e.arrays)) for e in entries]
+    np.testing.assert_array_equal(unpack_arrays(back[2].inputs, back[2].arrays)["s"],
+                                  np.array([b"a"], object))
+    assert readable_job_ids(msg) == [b"17", b"18", b"19"]
+
+
+def test_pack_job_refuses_what_it_could_not_frame() -> None:
+    with pytest.raises(ProtocolError, match="not ASCII"):
+        pack_job([JobEntry("é".encode(), [], [])], 0)
+    with pytest.raises(ProtocolError, match="1 specs but 0 frames"):
+        pack_job([JobEntry(b"1", [{"name": "x"}], [])], 0)
+    with pytest.raises(ProtocolError, match="pad_to"):
+        pack_job([], -1)
+
+
+SPEC = {"name": "x", "dtype": "uint8", "shape": [1]}
+
+
+@pytest.mark.parametrize(("header", "arrays", "fragment"), [
+    ({"pad_to": 0}, [], "'jobs' list"),
+    ({"jobs": {}, "pad_to": 0}, [], "'jobs' list"),
+    ({"jobs": []}, [], "pad_to"),
+    ({"jobs": [], "pad_to": -1}, [], "pad_to"),
+    ({"jobs": [], "pad_to": True}, [], "pad_to"),
+    ({"jobs": [], "pad_to": 1.5}, [], "pad_to"),
+    ({"jobs": [[]], "pad_to": 0}, [], "must be a map"),
+    ({"jobs": [{"id": 1, "inputs": []}], "pad_to": 0}, [], "job id"),
+    ({"jobs": [{"id": b"1", "inputs": []}], "pad_to": 0}, [], "job id"),
+    ({"jobs": [{"id": "", "inputs": []}], "pad_to": 0}, [], "job id"),
+    ({"jobs": [{"id": "x" * 65, "inputs": []}], "pad_to": 0}, [], "job id"),
+    ({"jobs": [{"id": "é", "inputs": []}], "pad_to": 0}, [], "job id"),
+    ({"jobs": [{"id": "1", "inputs": []}, {"id": "1", "inputs": []}], "pad_to": 0}, [],
+     "twice"),
+    ({"jobs": [{"id": "1", "inputs": "x"}], "pad_to": 0}, [], "list of array specs"),
+    ({"jobs": [{"id": "1", "inputs": [1]}], "pad_to": 0}, [b"a"], "list of array specs"),
+    ({"jobs": [{"id": "1"}], "pad_to": 0}, [], "list of array specs"),
+    ({"jobs": [{"id": "1", "inputs": [SPEC, SPEC]}], "pad_to": 0}, [b"a"], "only 1 remain"),
+    ({"jobs": [{"id": "1", "inputs": [SPEC]}], "pad_to": 0}, [b"a", b"b"], "name 1 arrays, 2"),
+])
+def test_unpack_job_refuses_malformed_headers(header: dict[str, object], arrays: list[bytes],
+                                              fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=fragment) as info:
+        unpack_job(Message(JOB, b"", header, list(arrays)))
+    assert info.value.code == "internal"  # the supervisor's fault, never the client's
+
+
+def test_readable_job_ids_of_a_malformed_job_message() -> None:
+    header = {"jobs": [{"id": "1"}, {"id": 2}, "junk", {"id": "3", "inputs": 5}, {"id": "1"}],
+              "pad_to": "x"}
+    assert readable_job_ids(Message(JOB, b"", header)) == [b"1", b"3"]
+    assert readable_job_ids(Message(JOB, b"", {"jobs": "x"})) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["jobs", "pad_to", "x"]),
+                       any_values | st.lists(st.dictionaries(
+                           st.sampled_from(["id", "inputs"]), any_values), max_size=3)),
+       st.lists(st.binary(max_size=4), max_size=3))
+def test_fuzzed_job_headers_raise_only_protocol_errors(header: dict[str, object],
+                                                       arrays: list[bytes]) -> None:
+    msg = Message(JOB, b"", header, list(arrays))
+    readable_job_ids(msg)
+    with contextlib.suppress(ProtocolError):
+        entries, pad_to = unpack_job(msg)
+        assert pad_to >= 0 and sum(len(e.arrays) for e in entries) == len(arrays)
+
+
+# --- batch rows -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("shapes", "rows"), [
+    ([(3, 2), (3,)], 3), ([(0, 4)], 0), ([(1, 2), (0, 2)], None), ([(2,), ()], None),
+    ([()], None), ([], None), ([(None, 4)], None), ([(5,), (5, 1, 1)], 5),
+])
+def test_batch_rows(shapes: list[tuple[int | None, ...]], rows: int | None) -> None:
+    specs = [TensorSpec(f"a{i}", "float32", shape) for i, shape in enumerate(shapes)]
+    assert batch_rows(specs) == rows

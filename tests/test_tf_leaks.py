@@ -20,7 +20,10 @@ from tests.conftest import Supervisor
 pytestmark = pytest.mark.tf
 pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
 
-FAST_CLOCK = {"warmup_seconds": "2s", "trend_window": 40}
+TREND_WINDOW = 40
+FAST_CLOCK: dict[str, Any] = {"warmup_seconds": "2s", "trend_window": TREND_WINDOW}
+POLL = 0.25  # seconds between samples
+WINDOW_SECONDS = TREND_WINDOW * POLL  # a full trend window of samples
 THREADS = {"intra_op_threads": 1, "inter_op_threads": 1}
 
 
@@ -42,7 +45,8 @@ def test_retracing_leak_is_bounded(supervisor_factory: Any) -> None:
         "handler": "worker.tf_handlers:retracing", "options": {"width": 32}, "workers": 1,
         "tf": THREADS, "policy": FAST_CLOCK,
         "batching": {"max_batch_size": 1}}}}, wait=True)  # the leak is per call
-    stop, failures, counter = threading.Event(), [], [0]
+    stop, counter = threading.Event(), [0]
+    failures: list[str] = []
     threads = [threading.Thread(target=drive, args=(sup, "rt", 32, stop, failures, counter))
                for _ in range(2)]
     for t in threads:
@@ -64,26 +68,47 @@ def test_retracing_leak_is_bounded(supervisor_factory: Any) -> None:
     assert event["memory"] - event["baseline"] < 300 * 1024**2
 
 
+@pytest.mark.timeout(600)  # a busy 2-core CI machine may take minutes to judge the trend
 def test_healthy_saved_model_with_varying_batches_is_not_recycled(
         supervisor_factory: Any, models_dir: Path) -> None:
-    sup = supervisor_factory({"supervisor": {"poll_interval": "0.25s"}, "models": {"demo": {
+    sup = supervisor_factory({"supervisor": {"poll_interval": f"{POLL}s"}, "models": {"demo": {
         "saved_model": str(models_dir / "demo_sm"), "workers": 1, "tf": THREADS,
         "policy": FAST_CLOCK}}})
-    stop, failures, counter = threading.Event(), [], [0]
+    stop, counter = threading.Event(), [0]
+    failures: list[str] = []
     threads = [threading.Thread(target=drive, args=(sup, "demo", 64, stop, failures, counter,
                                                     64)) for _ in range(2)]
     for t in threads:
         t.start()
+    # Wait for the policy to have judged the trend, not for a number of jobs: on a busy
+    # machine jobs can outrun the poll, and 3,000 jobs may come before the window fills.
+    # Once judged, keep going for a whole window's worth of polls more (the window is full,
+    # and a trend over the limit would have had its confirmations and its recycle).
+    judged_at: list[float] = []  # the worker's age when its growth was first judged
+
+    def judged_long_enough(s: dict[str, Any]) -> bool:
+        demo = s["models"]["demo"]
+        workers = demo["workers"]
+        if demo["recycles"] or [w["id"] for w in workers] != ["demo-1"] \
+                or workers[0]["recycle_reason"] is not None:
+            return True  # recycled or on its way out: stop waiting, the asserts below fail
+        worker = workers[0]
+        if worker["growth_per_1k_jobs"] is None:
+            return False
+        if not judged_at:
+            judged_at.append(worker["age"])
+        return bool(worker["jobs"] >= 3000 and worker["age"] >= judged_at[0] + WINDOW_SECONDS)
+
     try:
-        sup.wait_for(lambda s: s["models"]["demo"]["workers"][0]["jobs"] >= 3000, 180,
-                     "3000 jobs")
-        status = sup.status()["models"]["demo"]
+        status = sup.wait_for(judged_long_enough, 480, "the growth trend judged over a full "
+                              "window and 3000 jobs")["models"]["demo"]
     finally:
         stop.set()
         for t in threads:
             t.join(60)
     assert failures == []
     assert status["recycles"] == {}, status
+    assert [w["id"] for w in status["workers"]] == ["demo-1"], status  # never replaced
     worker = status["workers"][0]
-    assert worker["id"] == "demo-1" and worker["warmed_up"]
+    assert worker["recycle_reason"] is None and worker["warmed_up"], status
     assert worker["growth_per_1k_jobs"] is not None  # the trend was judged, and found sane

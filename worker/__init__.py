@@ -1,8 +1,9 @@
 """Worker processes: everything that touches TensorFlow lives in this package.
 
 A handler may call :func:`request_recycle` when it knows its process should be replaced
-(it noticed its own caches growing, say): the worker answers the batch in hand, exits with
-``WorkerExit.RECYCLE`` and the supervisor starts a fresh one.
+(it noticed its own caches growing, say): the worker answers the batch in hand with the
+``leaving`` flag set on those RESULTS, so the supervisor sends it nothing more, then exits
+with ``WorkerExit.RECYCLE`` and the supervisor starts a fresh one.
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 A job whose arrays are malformed is answered alone and never joins its batch; if the
 combined run fails, each job is run on its own, so one bad input cannot fail its mates.
+A job without one batch size (no arrays, a 0-d array, arrays that disagree on their first
+dimension) is never concatenated with another: its rows could not be told apart. It runs
+when it is the only job of its message, and is refused bad_request otherwise.
+
+run_batch never raises: a JOB message it cannot read is answered, job by job, for every id
+it can read (internal), and nothing is sent for what it cannot attribute.
 """
 
 from __future__ import annotations
@@ -14,15 +20,21 @@ import numpy as np
 from supervisor.protocol import (
     BAD_REQUEST,
     INTERNAL,
+    MAX_ARRAYS,
+    MAX_NAME,
+    MAX_NDIM,
     RESULT,
-    Frame,
+    JobEntry,
     Message,
     ProtocolError,
     arrays_from,
+    batch_rows,
     check_specs,
     error_message,
     pack_arrays,
     parse_specs,
+    readable_job_ids,
+    unpack_job,
 )
 from worker.runners import Runner
 
@@ -33,39 +45,55 @@ Arrays = dict[str, np.ndarray]
 class Part:
     job_id: bytes
     inputs: Arrays
-    rows: int
+    rows: int | None  # None: no common batch size; runs only alone, never concatenated
 
 
 def run_batch(runner: Runner, msg: Message) -> list[Message]:
     """Every job of a JOB message answered: a RESULT or an ERROR each."""
+    try:
+        entries, pad_to = unpack_job(msg)
+    except ProtocolError as exc:
+        text = f"the worker could not read the job message it was sent: {exc}"
+        return [error_message(job_id, INTERNAL, text) for job_id in readable_job_ids(msg)]
     replies: list[Message] = []
     parts: list[Part] = []
-    frames = list(msg.arrays)
-    for entry in msg.header.get("jobs", []):
-        job_id = str(entry.get("id", "")).encode()
-        count = len(entry.get("inputs") or [])
-        own, frames = frames[:count], frames[count:]
-        part = _unpack(runner, job_id, entry.get("inputs"), own, replies)
-        if part is not None:
-            parts.append(part)
+    for entry in entries:
+        part = _unpack(runner, entry, replies)
+        if part is None:
+            continue
+        if part.rows is None and len(entries) > 1:
+            replies.append(error_message(part.job_id, BAD_REQUEST, _no_batch_size(part)))
+            continue
+        parts.append(part)
     if parts:
-        replies.extend(_run(runner, parts, int(msg.header.get("pad_to") or 0)))
+        replies.extend(_run(runner, parts, pad_to))
     return replies
 
 
-def _unpack(runner: Runner, job_id: bytes, specs: object, frames: list[Frame],
-            replies: list[Message]) -> Part | None:
+def _unpack(runner: Runner, entry: JobEntry, replies: list[Message]) -> Part | None:
     try:
-        parsed = parse_specs(specs)
+        parsed = parse_specs(entry.inputs)
         if runner.inputs is not None:  # defence in depth: the door checked when it knew
             check_specs(runner.inputs, parsed)
-        inputs = arrays_from(parsed, frames)
+        inputs = arrays_from(parsed, entry.arrays)
     except ProtocolError as exc:
-        replies.append(error_message(job_id, BAD_REQUEST, str(exc)))
+        replies.append(error_message(entry.id, BAD_REQUEST, str(exc)))
         return None
-    first = next(iter(inputs.values()), None)
-    rows = int(first.shape[0]) if first is not None and first.ndim else 1
-    return Part(job_id, inputs, rows)
+    except Exception as exc:  # a bug here must cost this job, not the worker
+        replies.append(error_message(entry.id, INTERNAL, f"cannot read the inputs: "
+                                     f"{_describe(exc)}"))
+        return None
+    return Part(entry.id, inputs, batch_rows(parsed))
+
+
+def _no_batch_size(part: Part) -> str:
+    if not part.inputs:
+        dims = "the job has no arrays"
+    else:
+        dims = ", ".join(f"{name} has {array.shape[0]} rows" if array.ndim else f"{name} is 0-d"
+                         for name, array in part.inputs.items())
+    return (f"inputs disagree on the batch size ({dims}): a job without one batch size "
+            "cannot be batched with others")
 
 
 def _run(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
@@ -74,46 +102,94 @@ def _run(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
     except Exception as exc:
         if len(parts) == 1:
             code = BAD_REQUEST if type(exc).__name__ == "InvalidArgumentError" else INTERNAL
-            return [error_message(parts[0].job_id, code,
-                                  f"model raised {type(exc).__name__}: {exc}")]
+            return [error_message(parts[0].job_id, code, f"model raised {_describe(exc)}")]
     # The batch failed: isolate the culprit by running each job alone.
     return [reply for part in parts for reply in _run(runner, [part], pad_to=0)]
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: text`` of an exception, even one whose __str__ fails; error_message bounds
+    its length."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its message cannot be read)"
+    return f"{type(exc).__name__}: {text}"
+
+
 def _call(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
-    rows = sum(p.rows for p in parts)
+    sized = [(p, p.rows) for p in parts if p.rows is not None]
+    if len(sized) != len(parts) or not _compatible(parts):
+        if len(parts) != 1:  # run_batch keeps such parts apart; never concatenate them
+            raise ValueError("jobs of different layouts cannot be batched")
+        # No batch dimension to pad or split on: the job runs as it came, and every output
+        # is its own.
+        outputs = runner(parts[0].inputs)
+        check_outputs(parts[0].inputs, outputs)
+        return [_result(parts[0].job_id, outputs)]
+    rows = sum(count for _, count in sized)
     inputs = combine(parts, max(pad_to, rows))
     outputs = runner(inputs)
     check_outputs(inputs, outputs)
     replies = []
     start = 0
-    for part in parts:
-        own = {name: array[start:start + part.rows] for name, array in outputs.items()}
-        start += part.rows
-        specs, frames = pack_arrays(own)
-        replies.append(Message(RESULT, part.job_id, {"outputs": specs}, frames))
+    for part, count in sized:
+        own = {name: array[start:start + count] for name, array in outputs.items()}
+        start += count
+        replies.append(_result(part.job_id, own))
     return replies
+
+
+def _compatible(parts: list[Part]) -> bool:
+    """Whether the parts' arrays can be concatenated: the same names, dtypes and shapes past
+    the first dimension (the supervisor batches only such jobs; this is defence in depth,
+    since numpy would silently upcast mixed dtypes)."""
+    def layout(part: Part) -> dict[str, tuple[Any, ...]]:
+        return {name: (a.dtype, a.shape[1:]) for name, a in part.inputs.items()}
+
+    first = layout(parts[0])
+    return all(layout(p) == first for p in parts[1:])
+
+
+def _result(job_id: bytes, outputs: Arrays) -> Message:
+    specs, frames = pack_arrays(outputs)
+    return Message(RESULT, job_id, {"outputs": specs}, frames)
 
 
 def combine(parts: list[Part], size: int) -> Arrays:
     """Rows of every part in order, padded to ``size`` by repeating the last row (a valid
-    input, unlike zeros for some models). One unpadded part is passed as it is (no copy)."""
-    rows = sum(p.rows for p in parts)
-    if len(parts) == 1 and size == rows:
+    input, unlike zeros for some models). One unpadded part is passed as it is (no copy).
+    Every part must have a batch size (``rows`` not None); with no row at all there is
+    nothing to repeat and the batch stays empty."""
+    rows = sum(p.rows or 0 for p in parts)
+    if len(parts) == 1 and (size == rows or rows == 0):
         return parts[0].inputs
     combined = {}
     for name in parts[0].inputs:
         pieces = [p.inputs[name] for p in parts]
-        if size > rows:
-            last = pieces[-1][-1:]
+        if size > rows > 0:
+            # The batch's last row, from the last part that has one.
+            last = next(piece for piece in reversed(pieces) if len(piece))[-1:]
             pieces.append(np.repeat(last, size - rows, axis=0))
         combined[name] = np.concatenate(pieces, axis=0)
     return combined
 
 
 def check_outputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Every output must have the batch's first dimension, so it can be split by rows, and
+    fit what a client accepts in a reply (else the client could not read its answer)."""
     if not outputs:
         raise ValueError("the model returned no outputs")
+    if len(outputs) > MAX_ARRAYS:
+        raise ValueError(f"the model returned {len(outputs)} outputs, more than the "
+                         f"{MAX_ARRAYS} a reply may carry")
+    for name, array in outputs.items():
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise ValueError(f"output name {name!r:.80} is not a string of 1 to {MAX_NAME} "
+                             "characters")
+        if array.ndim > MAX_NDIM:
+            raise ValueError(f"output '{name}' has {array.ndim} dimensions, more than the "
+                             f"{MAX_NDIM} a reply may carry")
     batch = {a.shape[0] for a in inputs.values() if a.ndim}
     for name, array in outputs.items():
         if batch and (array.ndim == 0 or array.shape[0] not in batch):

@@ -2,7 +2,9 @@
 
 It runs beside inference (TF releases the GIL in its kernels), so a long job is not taken
 for a hang, while a process wedged in native code holding the GIL, or stopped, goes silent.
-It also watches the parent: a worker never outlives its supervisor.
+It also watches the parent: a worker never outlives its supervisor. The parent watched is
+the supervisor's pid from the spec (``parent_pid``), never one read in the worker: a worker
+whose supervisor died before it started must not take init for its parent.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from worker import runtime
 
 class Heartbeat(threading.Thread):
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, worker_id: str,
-                 interval: float, parent: int) -> None:
+                 interval: float, parent_pid: int) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.context, self.endpoint, self.worker_id = context, endpoint, worker_id
-        self.interval, self.parent = interval, parent
+        self.interval, self.parent_pid = interval, parent_pid
         self.jobs = 0  # written by the serving loop only; read here
         self._halt = threading.Event()
 
@@ -34,7 +36,7 @@ class Heartbeat(threading.Thread):
         sock.connect(self.endpoint)
         try:
             while not self._halt.wait(self.interval):
-                if os.getppid() != self.parent:
+                if os.getppid() != self.parent_pid:
                     os._exit(WorkerExit.ORPHANED)
                 header = {"worker": self.worker_id, "jobs": self.jobs,
                           "tf_memory": runtime.tf_memory_info()}

@@ -1,14 +1,14 @@
 """Worker process entry point: set up TF, load, warm up, report ready, serve jobs.
 
-Started by the supervisor as ``python -m worker --id ID --model NAME``; the model's settings
-come as JSON in the TFSUPERVISOR_WORKER environment variable (set by the pool).
+Started by the supervisor as ``python -m worker --id ID --model NAME`` with a
+:class:`~supervisor.spawn.WorkerSpec` as JSON in the TFSUPERVISOR_WORKER environment
+variable: every setting comes from the spec, none has a default here.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import signal
 import sys
@@ -32,13 +32,12 @@ from supervisor.protocol import (
     pack_results,
     wire_dtype,
 )
+from supervisor.spawn import ENV_VAR, SpawnError, WorkerSpec
 from supervisor.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.runners import LoadError, Runner, load, warmup_inputs
-
-ENV_SPEC = "TFSUPERVISOR_WORKER"
 
 PR_SET_PDEATHSIG = 1
 
@@ -70,16 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", required=True)
     parser.add_argument("--model", required=True)
     args = parser.parse_args(argv)
-    parent = os.getppid()
-    die_with_parent()
-    try:
-        spec = json.loads(os.environ[ENV_SPEC])
-    except (KeyError, ValueError) as exc:
-        print(f"worker: bad or missing {ENV_SPEC}: {exc}", file=sys.stderr)
+    spec = read_spec(args.id, args.model)
+    if spec is None:
         return WorkerExit.BOOT_ERROR
-    logs.configure(spec.get("log_level", "info"), spec.get("log_format", "auto"),
-                   worker=args.id, model=args.model)
-    if os.getppid() != parent:  # the supervisor died before PDEATHSIG was armed
+    logs.configure(spec.log_level, spec.log_format, worker=spec.worker_id, model=spec.model)
+    die_with_parent()
+    # The supervisor's pid comes in the spec, not from getppid() here: a supervisor killed
+    # before PDEATHSIG was armed left us to init (or a subreaper), which we must not serve.
+    if os.getppid() != spec.parent_pid:
+        log.error("worker_orphaned", parent_pid=spec.parent_pid, now_parent=os.getppid())
         return WorkerExit.ORPHANED
     stop = StopFlag()
     signal.signal(signal.SIGTERM, stop)
@@ -90,21 +88,37 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any failure to load is the model's, reported, not a crash
         message = str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
         log.error("model_load_failed", error=message)
-        report_load_error(spec["backend"], args.id, message)
+        report_load_error(spec, message)
         return WorkerExit.LOAD_ERROR
     warm = time.monotonic() - started
-    return serve(spec, args.id, runner, warm, stop, parent)
+    return serve(spec, runner, warm, stop)
 
 
-def boot(spec: dict[str, Any]) -> Runner:
+def read_spec(worker_id: str, model: str) -> WorkerSpec | None:
+    """The spec from the environment, or None after one line on stderr saying why."""
+    text = os.environ.get(ENV_VAR)
+    if text is None:
+        print(f"worker {worker_id}: {ENV_VAR} is not set; workers are started by the "
+              "supervisor", file=sys.stderr)
+        return None
+    try:
+        spec = WorkerSpec.from_env(text)
+    except SpawnError as exc:
+        print(f"worker {worker_id}: bad spec: {exc}", file=sys.stderr)
+        return None
+    if (spec.worker_id, spec.model) != (worker_id, model):
+        print(f"worker {worker_id}: --id {worker_id} --model {model} do not match the spec's "
+              f"worker_id {spec.worker_id!r} and model {spec.model!r}", file=sys.stderr)
+        return None
+    return spec
+
+
+def boot(spec: WorkerSpec) -> Runner:
     """Configure TF, load the model, run one real inference; LoadError if any step fails."""
-    tf_settings = spec.get("tf", {})
-    runtime.export_environment(tf_settings)
-    source = spec["source"]
-    if source != "handler" or tf_settings.get("gpu_memory_limit"):
-        runtime.configure_tensorflow(tf_settings)
-    runner = load(source, spec["location"], spec.get("signature", "serving_default"),
-                  spec.get("options", {}))
+    runtime.export_environment(spec.tf)
+    if spec.source != "handler" or spec.tf["gpu_memory_limit"]:
+        runtime.configure_tensorflow(spec.tf)
+    runner = load(spec.source, spec.location, spec.signature, spec.options)
     if runner.inputs is not None:
         try:
             outputs = runner(warmup_inputs(runner.inputs))
@@ -116,28 +130,28 @@ def boot(spec: dict[str, Any]) -> Runner:
     return runner
 
 
-def report_load_error(backend: str, worker_id: str, message: str) -> None:
+def report_load_error(spec: WorkerSpec, message: str) -> None:
     """Tell the supervisor why, so clients get the reason with 'unavailable'."""
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+    sock.setsockopt(zmq.IDENTITY, spec.worker_id.encode())
     sock.setsockopt(zmq.LINGER, 1000)
-    sock.connect(backend)
-    header = {"worker": worker_id, "code": "load_error", "message": message}
+    sock.connect(spec.backend)
+    header = {"worker": spec.worker_id, "code": "load_error", "message": message}
     sock.send_multipart(encode(Message(ERROR, b"", header)))
     sock.close()
     context.term()
 
 
-def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
-          stop: StopFlag, parent: int) -> int:
+def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
+    worker_id = spec.worker_id
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, worker_id.encode())
     sock.setsockopt(zmq.LINGER, 2000)
-    sock.connect(spec["backend"])
-    heartbeat = Heartbeat(context, spec["backend"], worker_id, spec.get("heartbeat", 1.0),
-                          parent)
+    sock.connect(spec.backend)
+    heartbeat = Heartbeat(context, spec.backend, worker_id, spec.heartbeat_interval,
+                          spec.parent_pid)
     ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
              "inputs": _wire(runner.inputs), "outputs": _wire(runner.outputs)}
     sock.send_multipart(encode(Message(READY, b"", ready)))
@@ -152,9 +166,12 @@ def serve(spec: dict[str, Any], worker_id: str, runner: Runner, warm: float,
                 break
             if msg.kind == JOB:
                 replies = run_batch(runner, msg)
-                send(sock, encode(pack_results(replies)))
+                # Read once: the flag the supervisor sees is the exit we take. Leaving tells
+                # it to send nothing more; the RESULTS go out before we do (LINGER).
+                leaving = recycle_requested()
+                send(sock, encode(pack_results(replies, leaving=leaving)))
                 heartbeat.jobs += len(replies)
-                if recycle_requested():
+                if leaving:
                     log.info("recycle_requested_by_handler")
                     code = WorkerExit.RECYCLE
                     break

@@ -2,6 +2,9 @@
 
 Thread counts and GPU memory growth are also exported as the environment variables TF reads
 at import, so a user handler that imports TensorFlow itself gets the same settings.
+
+``tf_settings`` is the spec's ``tf`` dict (supervisor/spawn.py): every field of TfConfig is
+present, so no default is written here a second time.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from typing import Any
 
 def export_environment(tf_settings: dict[str, Any]) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    if tf_settings.get("intra_op_threads"):
+    if tf_settings["intra_op_threads"]:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(tf_settings["intra_op_threads"])
-    if tf_settings.get("inter_op_threads"):
+    if tf_settings["inter_op_threads"]:
         os.environ["TF_NUM_INTEROP_THREADS"] = str(tf_settings["inter_op_threads"])
-    if tf_settings.get("gpu_memory_growth", True) and not tf_settings.get("gpu_memory_limit"):
+    if tf_settings["gpu_memory_growth"] and not tf_settings["gpu_memory_limit"]:
         os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
@@ -24,17 +27,17 @@ def configure_tensorflow(tf_settings: dict[str, Any]) -> None:
     """Apply thread and GPU settings through tf.config; must run before any op executes."""
     import tensorflow as tf
 
-    if tf_settings.get("intra_op_threads"):
+    if tf_settings["intra_op_threads"]:
         tf.config.threading.set_intra_op_parallelism_threads(tf_settings["intra_op_threads"])
-    if tf_settings.get("inter_op_threads"):
+    if tf_settings["inter_op_threads"]:
         tf.config.threading.set_inter_op_parallelism_threads(tf_settings["inter_op_threads"])
-    limit = tf_settings.get("gpu_memory_limit")
+    limit = tf_settings["gpu_memory_limit"]
     for gpu in tf.config.list_physical_devices("GPU"):
         if limit:
             # TF takes the limit in MiB; growth and a fixed logical device exclude each other.
             config = tf.config.LogicalDeviceConfiguration(memory_limit=max(1, limit // 2**20))
             tf.config.set_logical_device_configuration(gpu, [config])
-        elif tf_settings.get("gpu_memory_growth", True):
+        elif tf_settings["gpu_memory_growth"]:
             tf.config.experimental.set_memory_growth(gpu, True)
 
 

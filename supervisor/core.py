@@ -1,0 +1,435 @@
+"""The socket-free core: every decision the supervisor makes, driven by events.
+
+Events in — a client request, a worker message, a worker started or exited, memory
+readings, a tick with the time, shutdown, reload, a control command — and actions out
+(``supervisor.actions``: reply, send a batch, spawn, stop, kill, sample). The core never
+reads a clock, a socket or /proc: the daemon does the I/O and passes the time in. That is
+what lets a model-based test (tests/test_core_model.py) drive every interleaving and check
+the two promises after each step:
+
+- every admitted request gets exactly one reply (``Router.answer`` is the only exit);
+- a worker over its memory limits leaves rotation at the poll that sees it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import zmq
+
+from supervisor import logs
+from supervisor import reload as reloading
+from supervisor.actions import Action, Reply, SampleNow
+from supervisor.config import Config
+from supervisor.history import Reading, Sample
+from supervisor.lifecycle import Lifecycle
+from supervisor.pool import Pool, State, WorkerHandle
+from supervisor.protocol import (
+    BAD_REQUEST,
+    ERROR,
+    HEARTBEAT,
+    INFER,
+    INTERNAL_HOP,
+    MAX_JOB_ID,
+    MODELS,
+    READY,
+    RESULTS,
+    SHUTTING_DOWN,
+    TIMEOUT,
+    UNAVAILABLE,
+    UNKNOWN_MODEL,
+    Frame,
+    Limits,
+    Message,
+    ProtocolError,
+    TensorSpec,
+    check_frames,
+    check_specs,
+    decode,
+    error_message,
+    parse_specs,
+    split_envelope,
+    unpack_results,
+)
+from supervisor.reasons import Reason
+from supervisor.recycling import Recycler
+from supervisor.router import Job, Router
+
+log = logs.get("daemon")
+
+# The longest deadline a client may ask for (ms): a year. Longer is surely a unit mistake.
+MAX_TIMEOUT_MS = 365 * 86400 * 1000.0
+# What a worker may say about itself (its load error, say) that reaches logs and clients.
+MAX_WORKER_TEXT = 4096
+
+
+class Refusal(Exception):
+    def __init__(self, code: str, message: str, label: str = "-") -> None:
+        super().__init__(message)
+        self.code = code
+        self.label = label  # a served model's name, for metrics; "-" otherwise
+
+
+class Core:
+    def __init__(self, config: Config, rng: Any = None) -> None:
+        self.config = config
+        self.outbox: list[Action] = []
+        sup = config.supervisor
+        self.pool = Pool(config, self.outbox, rng)
+        self.router = Router(self.outbox, sup.max_queue, sup.max_queue_bytes)
+        self.lifecycle = Lifecycle(self.pool, self.router, self.outbox)
+        self.recycler = Recycler(self.pool, self.router, self.lifecycle)
+        self.limits = Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
+        self.next_job_id = 1
+        self.next_poll = 0.0
+        self.shutdown_started: float | None = None
+        self.fast_exit = False
+
+    def take(self) -> list[Action]:
+        """The actions decided so far, in order; the daemon performs them."""
+        actions = self.outbox[:]
+        self.outbox.clear()
+        return actions
+
+    # --- clients -------------------------------------------------------------------------
+
+    def request(self, frames: Sequence[Frame], now: float) -> None:
+        """A message from a client (routing envelope first). Whatever it holds, it gets one
+        answer: a job is admitted (and answered later) or refused here."""
+        envelope, body = split_envelope(frames)
+        try:
+            job = self._admit(envelope, body, now)
+        except Refusal as refusal:
+            self._refuse(envelope, body, refusal.code, str(refusal), refusal.label)
+            return
+        except Exception as exc:  # a field nobody foresaw: still the client's problem
+            log.exception("request_not_understood")
+            self._refuse(envelope, body, BAD_REQUEST, f"malformed request "
+                         f"({type(exc).__name__})")
+            return
+        if job is not None and self.router.submit(job):
+            self.dispatch(job.model, now)
+
+    def _admit(self, envelope: list[Frame], body: list[Frame], now: float) -> Job | None:
+        size = sum(frame_length(f) for f in body)
+        if size > self.config.supervisor.max_message_size:
+            raise Refusal(BAD_REQUEST, f"message is {size} bytes, more than max_message_size "
+                          f"({self.config.supervisor.max_message_size})")
+        try:
+            msg = decode(body, self.limits)
+        except ProtocolError as exc:
+            raise Refusal(exc.code, str(exc)) from None
+        if msg.kind == MODELS:
+            self.outbox.append(Reply(envelope, Message(MODELS, msg.job_id, self.models())))
+            return None
+        if msg.kind != INFER:
+            raise Refusal(BAD_REQUEST, f"clients may send infer or models, not {msg.kind!r}")
+        model = msg.header.get("model")
+        label = model if isinstance(model, str) and model in self.pool.models else "-"
+        try:
+            if self.shutdown_started is not None:
+                raise Refusal(SHUTTING_DOWN, "the supervisor is shutting down; retry elsewhere")
+            job = self._job(msg, envelope, now)
+            state = self.pool.models[job.model]
+            if state.unavailable and not self.pool.ready(job.model):
+                raise Refusal(UNAVAILABLE, self._unavailable(job.model))
+        except Refusal as refusal:
+            refusal.label = label
+            raise
+        return job
+
+    def _job(self, msg: Message, envelope: list[Frame], now: float) -> Job:
+        model = msg.header.get("model")
+        if not isinstance(model, str):
+            raise Refusal(BAD_REQUEST, "header field 'model' must be a string")
+        state = self.pool.models.get(model)
+        if state is None or state.removed:
+            served = ", ".join(sorted(n for n, s in self.pool.models.items() if not s.removed))
+            raise Refusal(UNKNOWN_MODEL, f"no model named '{model[:256]}' (served: {served})")
+        try:  # from the header and the frame lengths alone: no array is built at the door
+            specs = parse_specs(msg.header.get("inputs"))
+            check_frames(specs, msg.arrays, self.limits.max_elements)
+            if state.inputs is not None:
+                check_specs(state.inputs, specs)
+        except ProtocolError as exc:
+            raise Refusal(exc.code, str(exc)) from None
+        nbytes = sum(frame_length(f) for f in msg.arrays)
+        bound = self.config.supervisor.max_queue_bytes
+        if nbytes > bound:
+            raise Refusal(BAD_REQUEST, f"the job's arrays are {nbytes} bytes, more than "
+                          f"max_queue_bytes ({bound}): it could never be queued")
+        job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
+                  inputs=[s.to_wire() for s in specs], arrays=msg.arrays, received_at=now,
+                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes)
+        self.next_job_id += 1
+        return job
+
+    def _refuse(self, envelope: list[Frame], body: list[Frame], code: str, message: str,
+                label: str = "-") -> None:
+        """An answer at the door, under a served model's name when it names one (names
+        clients make up never become metric labels)."""
+        self.outbox.append(Reply(envelope, error_message(_job_id_of(body), code, message),
+                                 None, label))
+
+    def models(self) -> dict[str, Any]:
+        models = {}
+        for name, state in self.pool.models.items():
+            if state.removed:
+                continue
+            models[name] = {"inputs": _wire(state.inputs), "outputs": _wire(state.outputs),
+                            "ready_workers": len(self.pool.ready(name)),
+                            "workers": state.config.workers,
+                            "available": not state.unavailable}
+        return {"models": models}
+
+    def dispatch(self, model: str, now: float) -> None:
+        state = self.pool.models.get(model)
+        if state is not None and self.router.queues.get(model):
+            ready = [(w.id, w.jobs) for w in self.pool.ready(model)]
+            self.router.dispatch(model, ready, now, state.config.batch_policy)
+
+    # --- workers -------------------------------------------------------------------------
+
+    def spawned(self, worker_id: str, pid: int) -> None:
+        worker = self.pool.workers.get(worker_id)
+        if worker is not None:
+            worker.pid = pid
+            log.info("worker_started", model=worker.model, worker=worker_id, pid=pid)
+
+    def exited(self, worker_id: str, code: int, now: float, error: str | None = None) -> None:
+        """A worker process is gone (``error``: why it could not even be started)."""
+        worker = self.pool.workers.get(worker_id)
+        if worker is not None:
+            if error is not None:
+                self.pool.models[worker.model].last_error = error[:MAX_WORKER_TEXT]
+            self.lifecycle.exited(worker, code, now)
+            self.dispatch(worker.model, now)
+
+    def worker_message(self, identity: bytes, frames: Sequence[Frame], now: float) -> None:
+        """A message on the backend. Heartbeats come from the worker's second socket and
+        name the worker; everything else is known by the socket identity it was spawned
+        with."""
+        sender = self.pool.workers.get(identity.decode("utf-8", "replace"))
+        try:
+            msg = decode(frames, INTERNAL_HOP)
+        except ProtocolError as exc:
+            if sender is not None:
+                self._broke(sender, f"undecodable message: {exc}", now)
+            return
+        if msg.kind == HEARTBEAT:
+            named = self.pool.workers.get(str(msg.header.get("worker")))
+            if named is not None:
+                self.pool.heartbeat(named, msg.header, now)
+            return
+        if sender is None:
+            return  # a worker already gone, or a stranger on the ipc socket
+        if msg.kind == READY:
+            self._ready(sender, msg.header, now)
+        elif msg.kind == RESULTS:
+            self._results(sender, msg, now)
+        elif msg.kind == ERROR:
+            state = self.pool.models[sender.model]
+            state.last_error = str(msg.header.get("message"))[:MAX_WORKER_TEXT]
+
+    def _ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
+        try:
+            inputs = _specs(header.get("inputs"))
+            outputs = _specs(header.get("outputs"))
+        except ProtocolError as exc:
+            self._broke(worker, f"bad ready message: {exc}", now)
+            return
+        if not self.pool.mark_ready(worker, header, now):
+            return  # told to stop meanwhile: it never turns ready again
+        state = self.pool.models[worker.model]
+        state.inputs = inputs if inputs is not None else state.inputs
+        state.outputs = outputs if outputs is not None else state.outputs
+        log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
+                 warmup_seconds=worker.warmup_seconds)
+        # Judged before its first job: a fresh worker over max_memory never takes one.
+        self.outbox.append(SampleNow((worker.id,)))
+
+    def _results(self, worker: WorkerHandle, msg: Message, now: float) -> None:
+        try:
+            replies, leaving = unpack_results(msg)
+        except ProtocolError as exc:
+            self._broke(worker, f"bad results message: {exc}", now)
+            return
+        for reply in replies:
+            try:
+                job = self.router.complete(int(reply.job_id), worker.id)
+            except ValueError:
+                continue
+            if job is not None:
+                worker.jobs += 1
+                self.router.answer(job, Message(reply.kind, job.client_job_id, reply.header,
+                                                reply.arrays))
+        if self.router.held_by(worker.id):  # one batch at a time: all of it is answered
+            self._broke(worker, "results left jobs of its batch unanswered", now)
+        elif leaving:
+            self.lifecycle.leaving_by_itself(worker, now)
+        self.dispatch(worker.model, now)
+
+    def _broke(self, worker: WorkerHandle, why: str, now: float) -> None:
+        """A worker that speaks garbage cannot be trusted with jobs: killed, jobs requeued."""
+        log.error("worker_protocol_error", model=worker.model, worker=worker.id,
+                  pid=worker.pid, error=why[:MAX_WORKER_TEXT])
+        self.lifecycle.kill(worker, Reason.PROTOCOL_ERROR, now)
+
+    # --- memory --------------------------------------------------------------------------
+
+    def poll_due(self, now: float) -> list[tuple[str, int, str]] | None:
+        """(worker id, pid, memory metric) of the workers to read, when a poll is due."""
+        if now < self.next_poll:
+            return None
+        self.next_poll = now + self.config.supervisor.poll_interval
+        return [(w.id, w.pid, self.pool.models[w.model].config.policy.memory_metric)
+                for w in self.pool.workers.values()
+                if w.pid is not None and w.state is not State.GONE]
+
+    def samples(self, now: float, readings: Mapping[str, Reading], poll: bool = True,
+                host_available: int | None = None) -> None:
+        """Memory readings: recorded, then judged (every worker on a poll, only these
+        otherwise, so a trend's confirmations count polls)."""
+        sampled = []
+        for worker_id, reading in readings.items():
+            worker = self.pool.workers.get(worker_id)
+            if worker is not None:
+                worker.history.add(Sample(now, worker.jobs, reading.memory, reading.vram))
+                sampled.append(worker)
+        self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
+        floor = self.config.supervisor.min_available_memory
+        if poll and floor is not None and host_available is not None:
+            self.recycler.host_pressure(host_available, floor, now)
+
+    # --- time ----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Housekeeping: ways out, time limits, unavailable models, shutdown, spawning."""
+        self.lifecycle.progress(now)
+        self._job_timeouts(now)
+        self._fail_unavailable()
+        self.router.expire(now)
+        if self.shutdown_started is not None:
+            self._shutdown_progress(now)
+        self.pool.replenish(now)
+        for model in list(self.pool.models):
+            self.dispatch(model, now)
+
+    def _job_timeouts(self, now: float) -> None:
+        """A job past policy.job_timeout: answered 'timeout', its worker killed (TF cannot be
+        interrupted safely), the worker's other jobs requeued."""
+        timeouts = {name: s.config.policy.job_timeout for name, s in self.pool.models.items()
+                    if s.config.policy.job_timeout is not None}
+        for job in self.router.overdue(now, timeouts):
+            worker = self.pool.workers.get(job.worker or "")
+            self.router.fail(job, TIMEOUT, f"the job ran longer than job_timeout "
+                             f"({timeouts[job.model]:g}s); its worker was killed")
+            if worker is not None:
+                log.warning("job_timeout", model=job.model, worker=worker.id, pid=worker.pid,
+                            seconds=round(now - (job.dispatched_at or now), 2))
+                self.lifecycle.kill(worker, Reason.JOB_TIMEOUT, now)
+
+    def _fail_unavailable(self) -> None:
+        for name, state in self.pool.models.items():
+            if state.unavailable and self.router.queued(name) and not self.pool.ready(name):
+                self.router.fail_queued(name, UNAVAILABLE, self._unavailable(name))
+
+    def _unavailable(self, model: str) -> str:
+        state = self.pool.models[model]
+        return (f"model '{model}' has no worker able to serve: {state.last_error} "
+                f"({state.failures} failed start(s); retrying with back-off)")
+
+    # --- operator ------------------------------------------------------------------------
+
+    def recycle(self, model: str, worker_id: str | None) -> list[str]:
+        return self.recycler.request(model, worker_id, Reason.MANUAL)
+
+    def shutdown(self, now: float, signal_name: str) -> None:
+        if self.shutdown_started is not None:
+            log.warning("shutdown_forced", signal=signal_name)
+            self.fast_exit = True
+            return
+        self.shutdown_started = now
+        self.pool.spawning = False
+        log.info("shutdown_started", signal=signal_name, pending_jobs=self.router.pending(),
+                 timeout_seconds=self.config.supervisor.shutdown_timeout)
+
+    def _shutdown_progress(self, now: float) -> None:
+        assert self.shutdown_started is not None  # only called while shutting down
+        late = now - self.shutdown_started > self.config.supervisor.shutdown_timeout
+        if self.router.pending() and not late and not self.fast_exit:
+            return
+        failed = self.router.fail_everything(
+            SHUTTING_DOWN, "the supervisor stopped before this job could finish")
+        if failed:
+            log.warning("shutdown_jobs_abandoned", count=failed)
+        for worker in list(self.pool.workers.values()):
+            if self.fast_exit:
+                self.lifecycle.kill(worker, Reason.SHUTDOWN, now)
+            else:
+                self.lifecycle.stop(worker, Reason.SHUTDOWN, now)
+
+    @property
+    def finished(self) -> bool:
+        return (self.shutdown_started is not None and not self.pool.workers
+                and not self.router.pending())
+
+    def reload(self, new: Config, now: float) -> reloading.ReloadPlan:
+        """Apply a validated config in place (the daemon read and validated the file)."""
+        changes = reloading.plan(self.config, new)
+        config = reloading.effective(self.config, new)
+        self.config = self.pool.config = config
+        sup = config.supervisor
+        self.router.max_queue, self.router.max_queue_bytes = sup.max_queue, sup.max_queue_bytes
+        self.limits = Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
+        for name in changes.added:
+            if name in self.pool.models:  # removed earlier, still draining: renew it
+                changes.replaced.append(name)
+            else:
+                self.pool.add_model(name, config.models[name])
+        for name in changes.updated + changes.replaced:
+            state = self.pool.models[name]
+            state.config, state.removed = config.models[name], False
+        for name in changes.replaced:
+            self.recycler.request(name, None, Reason.RELOAD)
+        for name in changes.removed:
+            if name in self.pool.models:
+                self.pool.models[name].removed = True
+        return changes
+
+
+def _deadline(timeout_ms: object, now: float) -> float | None:
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float) or \
+            not math.isfinite(timeout_ms) or not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        raise Refusal(BAD_REQUEST, f"header field 'timeout_ms' must be a finite number of "
+                      f"milliseconds, more than 0 and at most {MAX_TIMEOUT_MS:.0f}")
+    return now + float(timeout_ms) / 1000.0
+
+
+def _specs(raw: object) -> list[TensorSpec] | None:
+    return None if raw is None else parse_specs(raw, allow_none=True)
+
+
+def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
+    return None if specs is None else [s.to_wire() for s in specs]
+
+
+def frame_length(frame: Frame) -> int:
+    return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+
+
+def frame_bytes(frame: Frame) -> bytes:
+    return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
+
+
+def _job_id_of(body: list[Frame]) -> bytes:
+    """The client's job id, when one can be told apart: a reply to garbage is harmless."""
+    if len(body) >= 3:
+        raw = frame_bytes(body[2])
+        if len(raw) <= MAX_JOB_ID:
+            return raw
+    return b""

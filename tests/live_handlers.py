@@ -1,0 +1,67 @@
+"""Handlers for the live regression tests (importable by workers: they run from the
+repository root). Each reproduces one way a handler once broke a promise."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from worker.handlers import Echo
+
+Arrays = dict[str, np.ndarray]
+
+
+class Undeclared:
+    """Declares no inputs (so the door cannot check them) and echoes what it gets."""
+
+    outputs = None
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.inputs = None
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        return {name: np.array(value) for name, value in inputs.items()}
+
+
+class BigError(Echo):
+    """Raises an error whose text is ``size`` characters for a row marked 1.0."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.size = int(options.get("size", 200_000))
+
+    def respond(self, inputs: Arrays) -> Arrays:
+        if float(inputs["x"].ravel()[0]) == 1.0:
+            raise RuntimeError("x" * self.size)
+        return super().respond(inputs)
+
+
+class Hog(Echo):
+    """Holds ``hog_bytes`` of resident memory for ``hold_seconds`` on a row marked 1.0."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.hog = int(options.get("hog_bytes", 300 * 1024**2))
+        self.hold = float(options.get("hold_seconds", 3.0))
+
+    def respond(self, inputs: Arrays) -> Arrays:
+        if float(inputs["x"].ravel()[0]) == 1.0:
+            held = bytearray(b"\x01" * self.hog)
+            time.sleep(self.hold)
+            del held
+        return super().respond(inputs)
+
+
+def undeclared(options: dict[str, Any]) -> Undeclared:
+    return Undeclared(options)
+
+
+def big_error(options: dict[str, Any]) -> BigError:
+    return BigError(options)
+
+
+def hog(options: dict[str, Any]) -> Hog:
+    return Hog(options)
+

@@ -1,0 +1,301 @@
+"""Each case of the two promises that once broke, replayed against the core step by step.
+
+The model-based test (test_core_model.py) searches interleavings; these pin the exact
+sequences that broke a live daemon, so a regression names itself. The same cases run
+against a real daemon in test_promises_live.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supervisor.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.config import parse_config
+from supervisor.core import Core
+from supervisor.exitcodes import WorkerExit
+from supervisor.history import Reading
+from supervisor.pool import State
+from supervisor.protocol import (
+    READY,
+    RESULT,
+    Message,
+    encode,
+    error_message,
+    pack_arrays,
+    pack_results,
+)
+from supervisor.reasons import Reason
+from tests.test_core_model import frames_for, hostile, valid
+
+BASE = """
+supervisor:
+  runtime_dir: /tmp/tfs-core-cases
+  max_queue: 100
+  max_queue_bytes: 4096
+  max_message_size: 2048
+models:
+  a:
+    handler: "mod:a"
+    workers: 1
+    batching: {max_batch_size: 8}
+    policy: {warmup_jobs: 0, warmup_seconds: 0, max_attempts: 2}
+"""
+
+
+class World:
+    """A core and the processes it believes in, played by hand."""
+
+    def __init__(self, text: str = BASE) -> None:
+        self.core = Core(parse_config(text, Path("/tmp/tfs-core-cases/config.yaml")))
+        self.now = 100.0
+        self.replies: dict[bytes, list[Message]] = {}
+        self.batches: dict[str, list[SendBatch]] = {}
+        self.killed: list[tuple[str, Reason]] = []
+        self.stopped: list[str] = []
+        self.memory: dict[str, int] = {}
+        self.clients = 0
+        self.tick()  # the first tick spawns the configured workers
+
+    def run(self) -> None:
+        while actions := self.core.take():
+            for action in actions:
+                if isinstance(action, Reply):
+                    self.replies.setdefault(bytes(action.envelope[0]), []).append(action.msg)
+                elif isinstance(action, SendBatch):
+                    self.batches.setdefault(action.worker_id, []).append(action)
+                elif isinstance(action, Spawn):
+                    self.core.spawned(action.worker_id, 1000 + len(self.memory))
+                    self.memory[action.worker_id] = 100
+                elif isinstance(action, Kill):
+                    self.killed.append((action.worker_id, action.reason))
+                elif isinstance(action, Stop):
+                    self.stopped.append(action.worker_id)
+                elif isinstance(action, SampleNow):
+                    self.core.samples(self.now, {w: Reading(self.memory[w])
+                                                 for w in action.worker_ids}, poll=False)
+
+    def request(self, frames: list[Any]) -> bytes:
+        key = b"c%d" % self.clients
+        self.clients += 1
+        self.core.request([key, *frames], self.now)
+        self.run()
+        return key
+
+    def ready(self, worker_id: str) -> None:
+        self.core.worker_message(worker_id.encode(), encode(Message(
+            READY, b"", {"worker": worker_id, "warmup_seconds": 1.0})), self.now)
+        self.run()  # the daemon reads its memory here, before any job goes to it
+        self.tick()
+
+    def answer(self, worker_id: str, leaving: bool = False, text: str | None = None,
+               drop_last: bool = False) -> None:
+        batch = self.batches[worker_id].pop(0)
+        jobs = batch.jobs[:-1] if drop_last else batch.jobs
+        replies = []
+        for job in jobs:
+            if text is not None:
+                replies.append(error_message(str(job.id).encode(), "internal", text))
+                continue
+            specs, arrays = pack_arrays({"y": np.zeros((job.rows or 1, 1), "float32")})
+            replies.append(Message(RESULT, str(job.id).encode(), {"outputs": specs},
+                                   list(arrays)))
+        self.core.worker_message(worker_id.encode(), encode(pack_results(replies, leaving)),
+                                 self.now)
+        self.run()
+
+    def exit(self, worker_id: str, code: int) -> None:
+        self.core.exited(worker_id, code, self.now)
+        self.run()
+
+    def tick(self, seconds: float = 0.0) -> None:
+        self.now += seconds
+        self.core.tick(self.now)
+        self.run()
+
+    def poll(self) -> None:
+        self.core.next_poll = 0.0
+        targets = self.core.poll_due(self.now) or []
+        self.core.samples(self.now, {w: Reading(self.memory[w]) for w, _, _ in targets})
+        self.run()
+
+    def code(self, key: bytes) -> str:
+        [reply] = self.replies[key]
+        return "ok" if reply.kind == RESULT else str(reply.header["code"])
+
+    def state(self, worker_id: str) -> State | None:
+        worker = self.core.pool.workers.get(worker_id)
+        return worker.state if worker else None
+
+
+def test_non_finite_and_absurd_deadlines_are_bad_requests() -> None:
+    world = World()
+    for kind in ("nan_timeout", "inf_timeout", "negative_timeout", "string_timeout",
+                 "huge_timeout"):
+        assert world.code(world.request(hostile(kind))) == "bad_request", kind
+    assert world.core.router.pending() == 0
+
+
+def test_hostile_dtypes_and_fields_are_bad_requests_with_one_reply() -> None:
+    world = World()
+    for kind in ("list_dtype", "map_dtype", "list_model", "huge_dim", "inputs_not_list",
+                 "frames_missing", "header_not_map", "not_msgpack", "short", "wrong_kind"):
+        key = world.request(hostile(kind))
+        assert len(world.replies[key]) == 1 and world.code(key) == "bad_request", kind
+
+
+def test_a_huge_handler_error_is_answered_and_frees_the_worker() -> None:
+    world = World()
+    world.ready("a-1")
+    first = world.request(valid("a", 1))
+    world.answer("a-1", text="x" * 200_000)
+    assert world.code(first) == "internal"
+    assert len(world.replies[first][0].header["message"]) <= 4096
+    second = world.request(valid("a", 1))
+    world.answer("a-1")
+    assert world.code(second) == "ok"
+
+
+def test_a_worker_leaving_after_its_answer_is_sent_nothing_more() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 1"))
+    world.ready("a-1")
+    keys = [world.request(valid("a", 1)) for _ in range(3)]
+    world.answer("a-1", leaving=True)  # its handler asked to be replaced
+    assert world.state("a-1") is State.STOPPING and not world.batches["a-1"]
+    world.exit("a-1", WorkerExit.RECYCLE)
+    world.tick()
+    world.ready("a-2")
+    while world.batches.get("a-2"):
+        world.answer("a-2")
+    assert [world.code(k) for k in keys] == ["ok"] * 3
+    assert world.core.pool.models["a"].recycles == {"requested": 1}
+
+
+def test_a_stopped_worker_never_turns_ready_again() -> None:
+    world = World()
+    world.core.shutdown(world.now, "SIGTERM")
+    world.tick()
+    assert world.stopped == ["a-1"]
+    world.ready("a-1")  # a READY that was already on its way
+    assert world.state("a-1") is State.STOPPING
+
+
+def test_kill_memory_counts_each_try_and_answers_the_job() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, kill_memory: 1000"))
+    key = world.request(valid("a", 1))
+    for attempt in (1, 2):
+        worker = f"a-{attempt}"
+        world.tick(2.0)
+        world.ready(worker)
+        assert world.batches[worker]
+        world.memory[worker] = 5000  # the job blows the worker up
+        world.poll()
+        assert (worker, Reason.KILL_MEMORY) in world.killed
+        world.exit(worker, -9)
+    assert world.code(key) == "worker_crashed"
+    assert "max_attempts is 2" in world.replies[key][0].header["message"]
+
+
+def test_a_removed_model_answers_what_it_can_no_longer_serve() -> None:
+    world = World(BASE + """
+  other:
+    handler: "mod:o"
+""")
+    keys = [world.request(valid("a", 1)) for _ in range(6)]
+    removed = BASE.replace('  a:\n    handler: "mod:a"', '  other:\n    handler: "mod:o"')
+    world.core.reload(parse_config(removed, Path("/tmp/tfs-core-cases/config.yaml")),
+                      world.now)
+    world.tick()
+    assert {world.code(k) for k in keys} == {"unavailable"}
+    world.exit("a-1", 0)
+    world.tick()
+    assert "a" not in world.core.pool.models
+
+
+def test_jobs_whose_arrays_disagree_on_rows_run_alone() -> None:
+    world = World()
+    odd = hostile("rows_disagree")
+    specs = [{"name": "x", "dtype": "float32", "shape": [1, 2]},
+             {"name": "y", "dtype": "float32", "shape": [1, 2]}]
+    even = frames_for({"model": "a", "inputs": specs}, [bytes(8), bytes(8)])
+    keys = [world.request(odd), world.request(even), world.request(odd),
+            world.request(even)]
+    world.ready("a-1")
+    sizes = []
+    while world.batches.get("a-1"):
+        sizes.append(len(world.batches["a-1"][0].jobs))
+        world.answer("a-1")
+    assert sizes == [1, 2, 1]  # the two agreeing jobs together, each odd one alone
+    assert all(world.code(k) == "ok" for k in keys)
+
+
+def test_a_lower_heartbeat_after_reload_does_not_kill_older_workers() -> None:
+    world = World()
+    world.ready("a-1")
+    faster = BASE.replace("max_queue: 100", "max_queue: 100\n  heartbeat_interval: 0.1s\n"
+                          "  heartbeat_timeout: 0.5s")
+    world.core.reload(parse_config(faster, Path("/tmp/tfs-core-cases/config.yaml")),
+                      world.now)
+    world.tick(2.0)  # beating every 1 s as it was started to: 2 s is not silence
+    assert world.state("a-1") is State.READY and not world.killed
+    world.tick(9.0)
+    assert ("a-1", Reason.HUNG) in world.killed
+
+
+def test_queue_bounds_count_bytes_and_whole_messages() -> None:
+    world = World()
+    big = world.request(valid("a", 2048 // 8 + 1))  # one message over max_message_size
+    assert world.code(big) == "bad_request"
+    keys = [world.request(valid("a", 60)) for _ in range(12)]  # 480 bytes each
+    codes = [world.code(k) if k in world.replies else "queued" for k in keys]
+    assert codes == ["queued"] * 8 + ["overloaded"] * 4  # 8 x 480 <= 4096 < 9 x 480
+    assert world.core.router.pending_bytes["a"] <= 4096
+
+
+def test_max_memory_holds_even_when_recycles_come_fast() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, max_memory: 1000, "
+                               "min_lifetime: 600s"))
+    for n in range(1, 5):
+        worker = f"a-{n}"
+        world.tick(2.0)
+        world.ready(worker)
+        world.memory[worker] = 5000  # grows past the limit soon after start
+        world.poll()
+        assert world.state(worker) is not State.READY, f"{worker} kept serving"
+        world.tick()
+        world.exit(worker, 0)
+    assert world.core.pool.models["a"].recycles["max_memory"] == 4
+    assert world.core.pool.models["a"].churn >= 2  # alarmed, never paused
+
+
+def test_a_fresh_worker_over_max_memory_makes_the_model_unavailable() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, max_memory: 50"))
+    world.ready("a-1")  # sampled at once: 100 bytes, over 50
+    assert world.state("a-1") is not State.READY
+    state = world.core.pool.models["a"]
+    assert state.unavailable and "max_memory" in (state.last_error or "")
+    key = world.request(valid("a", 1))
+    assert world.code(key) == "unavailable"
+
+
+def test_results_that_leave_jobs_unanswered_requeue_them() -> None:
+    world = World()
+    keys = [world.request(valid("a", 1)) for _ in range(3)]
+    world.ready("a-1")
+    world.answer("a-1", drop_last=True)
+    assert ("a-1", Reason.PROTOCOL_ERROR) in world.killed
+    world.exit("a-1", -9)
+    world.tick(2.0)
+    world.ready("a-2")
+    world.answer("a-2")
+    assert [world.code(k) for k in keys] == ["ok"] * 3
+
+
+def test_a_job_bigger_than_the_byte_bound_is_refused_for_good() -> None:
+    world = World(BASE.replace("max_queue_bytes: 4096", "max_queue_bytes: 100"))
+    key = world.request(valid("a", 20))  # 160 bytes: could never be queued
+    assert world.code(key) == "bad_request"
+    assert "max_queue_bytes" in world.replies[key][0].header["message"]
+
