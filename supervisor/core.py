@@ -40,6 +40,7 @@ from supervisor.protocol import (
     TIMEOUT,
     UNAVAILABLE,
     UNKNOWN_MODEL,
+    VERSION,
     Frame,
     Limits,
     Message,
@@ -113,10 +114,6 @@ class Core:
             self.dispatch(job.model, now)
 
     def _admit(self, envelope: list[Frame], body: list[Frame], now: float) -> Job | None:
-        size = sum(frame_length(f) for f in body)
-        if size > self.config.supervisor.max_message_size:
-            raise Refusal(BAD_REQUEST, f"message is {size} bytes, more than max_message_size "
-                          f"({self.config.supervisor.max_message_size})")
         try:
             msg = decode(body, self.limits)
         except ProtocolError as exc:
@@ -156,12 +153,17 @@ class Core:
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
         nbytes = sum(frame_length(f) for f in msg.arrays)
-        bound = self.config.supervisor.max_queue_bytes
+        size = nbytes + len(msg.job_id) + len(msg.kind) + len(VERSION)
+        sup = self.config.supervisor
+        if size > sup.max_message_size:
+            raise Refusal(BAD_REQUEST, f"message is {size} bytes or more, more than "
+                          f"max_message_size ({sup.max_message_size})")
+        bound = sup.max_queue_bytes
         if nbytes > bound:
             raise Refusal(BAD_REQUEST, f"the job's arrays are {nbytes} bytes, more than "
                           f"max_queue_bytes ({bound}): it could never be queued")
         job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
-                  inputs=[s.to_wire() for s in specs], arrays=msg.arrays, received_at=now,
+                  inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                   deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes)
         self.next_job_id += 1
         return job

@@ -51,6 +51,8 @@ BATCH_READS = 256
 # The loop wakes at least this often for housekeeping (messages, signals and deadlines wake
 # it sooner): rarely enough to cost nothing when idle.
 MAX_SLEEP = 0.5
+# Fewest messages ZeroMQ may buffer per client connection before the door (see _receive_hwm).
+RECEIVE_HWM_FLOOR = 64
 # Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
 HOUSEKEEPING = 0.01
 
@@ -416,8 +418,8 @@ class Daemon:
 
 
 def _receive_hwm(sup: SupervisorSection) -> int:
-    """Messages ZeroMQ may buffer per client pipe before the door: max_queue_bytes worth of
-    the largest messages, at least 4 and at most ZeroMQ's default 1000."""
-    return max(4, min(1000, sup.max_queue_bytes // max(1, sup.max_message_size)))
-
-
+    """Messages ZeroMQ may buffer per client connection before the door: max_queue_bytes
+    worth of the largest messages, but at least RECEIVE_HWM_FLOOR (fewer throttles clients
+    that keep a window of small jobs in flight: 4 cost a third of the tiny-job throughput)
+    and at most ZeroMQ's default 1000."""
+    return max(RECEIVE_HWM_FLOOR, min(1000, sup.max_queue_bytes // max(1, sup.max_message_size)))

@@ -41,16 +41,7 @@ _DURATION_FORMS = "expected a duration such as 30s, 5m, 24h or a number of secon
 
 def parse_size(value: object) -> int:
     """Return a size in bytes; raise ValueError with the accepted forms otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(_SIZE_FORMS)
-    if isinstance(value, int | float):
-        number: Fraction = _finite(value, "size")
-    elif isinstance(value, str):
-        number = _number_with_unit(value, _SIZE_UNITS, _SIZE_FORMS)
-    else:
-        raise ValueError(_SIZE_FORMS)
-    if number < 0:
-        raise ValueError("expected a size >= 0")
+    number = _quantity(value, "size", _SIZE_UNITS, _SIZE_FORMS)
     if number > MAX_SIZE:
         raise ValueError("expected a size of at most 2**63-1 bytes (8 EiB)")
     return int(number)
@@ -58,19 +49,26 @@ def parse_size(value: object) -> int:
 
 def parse_duration(value: object) -> float:
     """Return a duration in seconds; raise ValueError with the accepted forms otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(_DURATION_FORMS)
-    if isinstance(value, int | float):
-        number: Fraction = _finite(value, "duration")
-    elif isinstance(value, str):
-        number = _number_with_unit(value, _DURATION_UNITS, _DURATION_FORMS)
-    else:
-        raise ValueError(_DURATION_FORMS)
-    if number < 0:
-        raise ValueError("expected a duration >= 0")
+    number = _quantity(value, "duration", _DURATION_UNITS, _DURATION_FORMS)
     if number > MAX_DURATION:
         raise ValueError("expected a duration of at most 10 years (null turns a limit off)")
     return float(number)
+
+
+def _quantity(value: object, what: str, units: dict[str, float] | dict[str, int],
+              forms: str) -> Fraction:
+    """A non-negative exact number from a number or a string with a unit."""
+    if isinstance(value, bool):
+        raise ValueError(forms)
+    if isinstance(value, int | float):
+        number = _finite(value, what)
+    elif isinstance(value, str):
+        number = _number_with_unit(value, units, forms)
+    else:
+        raise ValueError(forms)
+    if number < 0:
+        raise ValueError(f"expected a {what} >= 0")
+    return number
 
 
 def _finite(value: int | float, what: str) -> Fraction:
