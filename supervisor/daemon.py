@@ -26,6 +26,7 @@ from supervisor.config import Config, SupervisorSection, load_config
 from supervisor.control import Controller
 from supervisor.core import Core
 from supervisor.exitcodes import WorkerExit
+from supervisor.instance import AlreadyRunning, InstanceLock
 from supervisor.monitor import Monitor
 from supervisor.protocol import (
     CONTROL,
@@ -112,12 +113,14 @@ class Daemon:
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
         self.log_format = "auto"  # workers log the way the supervisor does
+        self.instance = InstanceLock(Path(config.runtime_dir))
 
     # --- setup ---------------------------------------------------------------------------
 
     def bind(self) -> None:
         sup = self.config.supervisor
         gid = security.prepare_runtime_dir(Path(self.config.runtime_dir), sup.socket_group)
+        self.instance.acquire()  # before any socket: never take over a live daemon's
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         # What ZeroMQ buffers before the door counts against memory too: a few messages per
         # client pipe (see docs/protocol.md for the bound this gives).
@@ -153,7 +156,12 @@ class Daemon:
     # --- main loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        self.bind()
+        try:
+            self.bind()
+        except AlreadyRunning as exc:
+            log.error("supervisor_already_running", error=str(exc))
+            self.context.destroy(linger=0)
+            return 1
         self.signals.install()
         log.info("supervisor_started", pid=os.getpid(), endpoints=list(
             self.config.supervisor.endpoints), control=self.config.supervisor.control,
@@ -407,6 +415,7 @@ class Daemon:
                          self.config.backend):
             if endpoint.startswith("ipc://"):
                 Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+        self.instance.release()  # last: the sockets are gone, another daemon may start
 
     def _refuse_latecomers(self) -> None:
         """Requests that arrived while the last workers stopped are answered

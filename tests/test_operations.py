@@ -192,3 +192,16 @@ def test_log_lines_are_json_with_stable_events(supervisor_factory: Any) -> None:
     ready = next(e for e in events if e["event"] == "worker_ready")
     assert {"model", "worker", "pid", "warmup_seconds", "level", "timestamp"} <= set(ready)
     assert not any(e["event"].startswith("job") for e in events)  # no per-job lines at info
+
+
+def test_a_second_daemon_on_the_same_runtime_dir_refuses_and_harms_nothing(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": {"handler": "worker.handlers:echo"}}})
+    second = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c",
+                             str(sup.config_path), "--log-format", "json"],
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert f"pid {sup.process.pid}" in second.stdout + second.stderr
+    assert sup.status()["models"]["m"]["workers"]  # the first one is still reachable
+    with sup.client(timeout=30) as client:
+        assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0
