@@ -234,9 +234,13 @@ def _curve_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from supervisor.security import keygen
+    from supervisor.security import KeysExist, keygen
 
-    files = keygen(Path(args.directory))
+    try:
+        files = keygen(Path(args.directory), force=args.force)
+    except KeysExist as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"""wrote CURVE keys to {args.directory}:
   server secret  {files["server_secret"]}   (keep on the supervisor host only)
   server public  {files["server_public"]}   (give to clients)
@@ -315,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     keygen = add("keygen", cmd_keygen, "Write CURVE server and client key pairs.",
                  config=False)
     keygen.add_argument("directory")
+    keygen.add_argument("--force", action="store_true",
+                        help="replace keys already there (cuts off clients of the old ones)")
     schema = add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
     schema.add_argument("--markdown", action="store_true",
                         help="print the configuration reference (docs/configuration.md)")

@@ -118,17 +118,34 @@ def restrict_socket(endpoint: str, gid: int | None) -> None:
     os.chmod(path, 0o660)
 
 
-def keygen(directory: Path) -> dict[str, Path]:
+class KeysExist(Exception):
+    """keygen would replace keys a fleet of clients may depend on."""
+
+
+def keygen(directory: Path, force: bool = False) -> dict[str, Path]:
     """Server and client key pairs in the pyzmq certificate format, and an
-    authorized_clients directory holding the client's public key."""
-    directory.mkdir(parents=True, exist_ok=True)
-    server_public, server_secret = zmq.auth.create_certificates(str(directory), "server")
-    client_public, client_secret = zmq.auth.create_certificates(str(directory), "client")
-    authorized = directory / "authorized_clients"
-    authorized.mkdir(exist_ok=True)
-    shutil.copy(client_public, authorized / "client.key")
-    for secret in (server_secret, client_secret):
-        os.chmod(secret, 0o600)
+    authorized_clients directory holding the client's public key. Existing secret keys are
+    kept unless ``force``: a new server key cuts off every client that trusts the old one.
+    Secrets are created 0600 in a 0700 directory, never readable by others even briefly."""
+    existing = [directory / n for n in ("server.key_secret", "client.key_secret")
+                if (directory / n).exists()]
+    if existing and not force:
+        raise KeysExist(f"{directory} already holds {', '.join(p.name for p in existing)}; "
+                        "replacing the server key cuts off every client that trusts it. "
+                        "Use another directory, or --force to replace them")
+    previous = os.umask(0o077)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        server_public, server_secret = zmq.auth.create_certificates(str(directory), "server")
+        client_public, client_secret = zmq.auth.create_certificates(str(directory), "client")
+        authorized = directory / "authorized_clients"
+        authorized.mkdir(mode=0o700, exist_ok=True)
+        shutil.copy(client_public, authorized / "client.key")
+    finally:
+        os.umask(previous)
+    os.chmod(directory, 0o700)
+    for public in (server_public, client_public):
+        os.chmod(public, 0o644)
     return {"server_public": Path(server_public), "server_secret": Path(server_secret),
             "client_public": Path(client_public), "client_secret": Path(client_secret),
             "authorized_clients": authorized}

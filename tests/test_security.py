@@ -209,3 +209,18 @@ def test_client_moves_on_from_a_supervisor_that_is_shutting_down(
                 assert client.infer("m", X)["x"].shape == (2, 4)
         slow.join(15)
     assert held["out"]["x"][0, 0] == -2.0  # the draining supervisor finished its job
+
+
+def test_keygen_never_replaces_keys_silently_and_keeps_secrets_private(keys: Path) -> None:
+    secret = (keys / "server.key_secret").read_bytes()
+    again = subprocess.run([sys.executable, "-m", "supervisor", "keygen", str(keys)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "--force" in again.stderr
+    assert (keys / "server.key_secret").read_bytes() == secret
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o700
+    for name in ("server.key_secret", "client.key_secret"):
+        assert stat.S_IMODE(os.stat(keys / name).st_mode) == 0o600
+    forced = subprocess.run([sys.executable, "-m", "supervisor", "keygen", str(keys),
+                             "--force"], capture_output=True, text=True, timeout=60)
+    assert forced.returncode == 0
+    assert (keys / "server.key_secret").read_bytes() != secret
