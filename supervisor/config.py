@@ -99,10 +99,14 @@ class PolicyConfig:
         "the policy is too tight: a loud event is logged (recycles go on: a limit is a limit).")
 
     def check(self, path: str) -> list[ConfigError]:
+        errors = []
         if self.kill_memory is not None and self.max_memory is not None \
                 and self.kill_memory <= self.max_memory:
-            return [ConfigError(f"{path}.kill_memory", "must be larger than max_memory")]
-        return []
+            errors.append(ConfigError(f"{path}.kill_memory", "must be larger than max_memory"))
+        if self.job_timeout is not None and self.job_timeout <= 0:
+            errors.append(ConfigError(f"{path}.job_timeout", "must be more than 0 (null turns "
+                                      "it off)"))
+        return errors
 
 
 @dataclass(frozen=True)

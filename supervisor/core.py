@@ -145,6 +145,7 @@ class Core:
         if state is None or state.removed:
             served = ", ".join(sorted(n for n, s in self.pool.models.items() if not s.removed))
             raise Refusal(UNKNOWN_MODEL, f"no model named '{model[:256]}' (served: {served})")
+        nbytes = self._sized(msg)
         try:  # from the header and the frame lengths alone: no array is built at the door
             specs = parse_specs(msg.header.get("inputs"))
             check_frames(specs, msg.arrays, self.limits.max_elements)
@@ -152,21 +153,24 @@ class Core:
                 check_specs(state.inputs, specs)
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
+        job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
+                  inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
+                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes)
+        self.next_job_id += 1
+        return job
+
+    def _sized(self, msg: Message) -> int:
+        """The job's array bytes, once the whole message is known to be within bounds."""
         nbytes = sum(frame_length(f) for f in msg.arrays)
         size = nbytes + len(msg.job_id) + len(msg.kind) + len(VERSION)
         sup = self.config.supervisor
         if size > sup.max_message_size:
             raise Refusal(BAD_REQUEST, f"message is {size} bytes or more, more than "
                           f"max_message_size ({sup.max_message_size})")
-        bound = sup.max_queue_bytes
-        if nbytes > bound:
+        if nbytes > sup.max_queue_bytes:
             raise Refusal(BAD_REQUEST, f"the job's arrays are {nbytes} bytes, more than "
-                          f"max_queue_bytes ({bound}): it could never be queued")
-        job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
-                  inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
-                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes)
-        self.next_job_id += 1
-        return job
+                          f"max_queue_bytes ({sup.max_queue_bytes}): it could never be queued")
+        return nbytes
 
     def _refuse(self, envelope: list[Frame], body: list[Frame], code: str, message: str,
                 label: str = "-") -> None:
@@ -363,10 +367,18 @@ class Core:
         late = now - self.shutdown_started > self.config.supervisor.shutdown_timeout
         if self.router.pending() and not late and not self.fast_exit:
             return
-        failed = self.router.fail_everything(
-            SHUTTING_DOWN, "the supervisor stopped before this job could finish")
-        if failed:
-            log.warning("shutdown_jobs_abandoned", count=failed)
+        # Queued jobs never ran: a client may safely send them elsewhere. Running ones may
+        # have had effects: 'timeout', which clients do not retry on their own.
+        queued = sum(self.router.fail_queued(model, SHUTTING_DOWN, "the supervisor stopped "
+                                             "before this job could run")
+                     for model in list(self.router.queues))
+        running = 0
+        for job in list(self.router.in_flight()):
+            self.router.fail(job, TIMEOUT, "the supervisor stopped (shutdown_timeout) before "
+                             "this running job finished; it may have run in part")
+            running += 1
+        if queued or running:
+            log.warning("shutdown_jobs_abandoned", queued=queued, running=running)
         for worker in list(self.pool.workers.values()):
             if self.fast_exit:
                 self.lifecycle.kill(worker, Reason.SHUTDOWN, now)

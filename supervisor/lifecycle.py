@@ -56,7 +56,7 @@ class Lifecycle:
         """Ask a worker to exit: STOP message and SIGTERM, SIGKILL after STOP_GRACE."""
         if worker.state in (State.STOPPING, State.GONE):
             return
-        self._lose_jobs(worker, f"worker {worker.id} was stopped ({reason})", blame=False)
+        self._lose_jobs(worker, f"worker {worker.id} was stopped ({reason})", reason)
         worker.reason = worker.reason or reason
         worker.state = State.STOPPING
         worker.stop_deadline = now + STOP_GRACE
@@ -70,8 +70,7 @@ class Lifecycle:
         worker.reason = worker.reason or reason
         worker.state = State.STOPPING
         worker.stop_deadline = None
-        self._lose_jobs(worker, f"worker {worker.id} was killed ({reason})",
-                        blame=reason.blames_jobs)
+        self._lose_jobs(worker, f"worker {worker.id} was killed ({reason})", reason)
         self.outbox.append(Kill(worker.id, reason))
 
     def leaving_by_itself(self, worker: WorkerHandle, now: float) -> None:
@@ -102,14 +101,16 @@ class Lifecycle:
             self.pool.count_recycle(worker, Reason.REQUESTED, now)
         why = f"worker {worker.id} (pid {worker.pid}) exited ({describe_exit(code)}) " \
               "with jobs in hand"
-        self._lose_jobs(worker, why, blame=not asked)
+        self._lose_jobs(worker, why, worker.reason if asked and worker.reason else Reason.DIED)
         self._log_exit(worker, code, now, asked)
 
-    def _lose_jobs(self, worker: WorkerHandle, why: str, blame: bool) -> None:
+    def _lose_jobs(self, worker: WorkerHandle, why: str, cause: Reason) -> None:
         if not self.router.held_by(worker.id):
             return
         policy = self.pool.models[worker.model].config.policy
-        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why, blame)
+        requeued, failed = self.router.requeue(worker.id, policy.max_attempts, why,
+                                               cause.suspects_jobs,
+                                               cause.loss_note(policy.max_attempts))
         log.warning("jobs_requeued", model=worker.model, worker=worker.id, pid=worker.pid,
                     why=why, requeued=requeued, failed=failed,
                     max_attempts=policy.max_attempts)
@@ -130,7 +131,7 @@ class Lifecycle:
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay, error=error)
             if was_available and not self.pool.ready(worker.model):
                 log.error("model_unavailable", model=worker.model, error=error)
-        elif not asked and code != WorkerExit.OK:
+        elif not asked:  # even with status 0: nobody asked it to go
             log.warning("worker_died", **fields)
         else:
             log.info("worker_exited", **fields, reason=str(worker.reason))

@@ -54,10 +54,20 @@ class Reason(StrEnum):
         return self in (Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.KILL_MEMORY)
 
     @property
-    def blames_jobs(self) -> bool:
-        """The worker was lost in a way one of its jobs may have caused (it died, hung or
-        spoke garbage while running them): its batch mates run alone from then on."""
-        return self in (Reason.DIED, Reason.HUNG, Reason.PROTOCOL_ERROR)
+    def suspects_jobs(self) -> bool:
+        """The worker was lost in a way one of its jobs may have caused (it died, hung, spoke
+        garbage or blew kill_memory while running them): each of them runs alone from then
+        on, so a poison input fails by itself and costs no other job a try."""
+        return self in (Reason.DIED, Reason.HUNG, Reason.PROTOCOL_ERROR, Reason.KILL_MEMORY)
+
+    def loss_note(self, max_attempts: int) -> str:
+        """Why a job lost on its last try is not tried again, for its worker_crashed reply."""
+        if self is Reason.KILL_MEMORY:
+            return "each time over kill_memory: possibly an input that needs more memory " \
+                   "than kill_memory allows"
+        if self.suspects_jobs:
+            return "possibly a poison input"
+        return f"max_attempts is {max_attempts}"
 
     @property
     def urgency(self) -> int:

@@ -57,7 +57,7 @@ class Recycler:
                 self.start(candidate.worker, candidate.reason, candidate.verdict, now)
 
     def _judge_one(self, worker: WorkerHandle, now: float) -> Candidate | None:
-        if worker.state in (State.STARTING, State.GONE) or worker.killed or \
+        if worker.state is State.GONE or worker.killed or \
                 self.pool.workers.get(worker.id) is not worker:
             return None
         policy = self.pool.models[worker.model].config.policy
@@ -66,16 +66,21 @@ class Recycler:
         verdict = evaluate(list(worker.history), facts, policy, now)
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
         reason = verdict.reason
-        if verdict.action is Action.KILL and reason is not None:
+        crossed = reason is not None and (verdict.action is Action.KILL or reason.over_limit)
+        starting = worker.state is State.STARTING
+        if crossed and (starting or (worker.fresh and worker.state is State.READY)):
+            self._over_limit_from_start(worker, verdict, now)
+            return None
+        if starting:
+            return None
+        if verdict.action is Action.KILL:
             self.kill(worker, verdict, now)  # holds for draining and stopping workers too
             return None
         if worker.state is not State.READY:
             return None
         if worker.fresh:
-            worker.fresh = False
-            if self._misconfigured(worker, verdict, now):
-                return None
-        if verdict.action is Action.RECYCLE and reason is not None and reason.over_limit:
+            self._serves_within_limits(worker)
+        if crossed and reason is not None:
             self.start(worker, reason, verdict, now)  # at once, whatever else is under way
             return None
         if worker.leaving:
@@ -86,25 +91,38 @@ class Recycler:
             return Candidate(worker, self.requested[worker.id], verdict)
         return None
 
-    def _misconfigured(self, worker: WorkerHandle, verdict: Verdict, now: float) -> bool:
-        """First judgement after ready: over max_memory already means no fresh worker can
-        serve within the limit. Otherwise the model is known to serve."""
+    def _serves_within_limits(self, worker: WorkerHandle) -> None:
+        """A fresh worker judged under its limits: the model is known to serve."""
+        worker.fresh = False
         state = self.pool.models[worker.model]
-        if verdict.reason is not Reason.MAX_MEMORY:
-            if state.unavailable:
-                log.info("model_available", model=worker.model)
-            state.failures, state.last_error, state.backoff_until = 0, None, 0.0
-            return False
-        policy = state.config.policy
-        error = (f"a fresh worker uses {verdict.assessment.memory} bytes right after warm-up, "
-                 f"over max_memory {policy.max_memory}: no worker can serve within this "
-                 "limit; raise policy.max_memory above the measured baseline")
+        if state.unavailable:
+            log.info("model_available", model=worker.model)
+        state.failures, state.last_error, state.backoff_until = 0, None, 0.0
+
+    def _over_limit_from_start(self, worker: WorkerHandle, verdict: Verdict,
+                               now: float) -> None:
+        """Over a memory limit while loading, or right after warm-up before its first job:
+        no fresh worker can serve within the limit. The limit holds (killed, stopped or
+        drained without a job); the model backs off spawning and reports itself unavailable
+        with the reason, as a model that cannot load does."""
+        state = self.pool.models[worker.model]
+        reason = verdict.reason or Reason.MAX_MEMORY
+        when = "while loading" if worker.state is State.STARTING else "right after warm-up"
+        error = (f"a fresh worker uses {verdict.assessment.memory} bytes {when} "
+                 f"({verdict.detail}): no worker can serve within this limit; raise "
+                 f"policy.{reason.value} above the measured baseline")
         delay = self.pool.failed_to_serve(state, now, error)
         log.error("policy_misconfigured", model=worker.model, worker=worker.id, pid=worker.pid,
-                  memory=verdict.assessment.memory, max_memory=policy.max_memory,
+                  reason=reason.value, memory=verdict.assessment.memory,
                   retry_in_seconds=delay, error=error)
-        self.start(worker, Reason.MAX_MEMORY, verdict, now)
-        return True
+        worker.fresh = False
+        if verdict.action is Action.KILL:
+            self.kill(worker, verdict, now)
+        elif worker.state is State.STARTING:
+            self.pool.count_recycle(worker, reason, now)
+            self.lifecycle.stop(worker, reason, now)
+        else:
+            self.start(worker, reason, verdict, now)
 
     def free_slots(self, state: ModelState) -> int:
         busy = sum(1 for w in self.pool.of_model(state.name) if w.leaving)

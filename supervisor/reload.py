@@ -29,6 +29,7 @@ class ReloadPlan:
     removed: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # new workers needed
     updated: list[str] = field(default_factory=list)  # policy / worker count, in place
+    settings: list[str] = field(default_factory=list)  # supervisor settings now in effect
     restart_required: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -46,6 +47,9 @@ def plan(old: Config, new: Config) -> ReloadPlan:
         elif before != model:
             result.updated.append(name)
     result.removed = [name for name in old.models if name not in new.models]
+    result.settings = [f"supervisor.{f.name}" for f in dataclasses.fields(old.supervisor)
+                       if f.name not in RESTART_FIELDS and
+                       getattr(old.supervisor, f.name) != getattr(new.supervisor, f.name)]
     result.restart_required = [f"supervisor.{key}" for key in RESTART_FIELDS
                                if getattr(old.supervisor, key) != getattr(new.supervisor, key)]
     if old.runtime_dir != new.runtime_dir and "supervisor.runtime_dir" not in \

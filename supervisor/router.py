@@ -175,29 +175,26 @@ class Router:
             return False
         return True
 
-    def requeue(self, worker_id: str, max_attempts: int, why: str,
-                blame: bool) -> tuple[int, int]:
+    def requeue(self, worker_id: str, max_attempts: int, why: str, suspect: bool,
+                note: str) -> tuple[int, int]:
         """Take back a lost worker's jobs: to the front of their queue, or answered
-        ``worker_crashed`` once they have been sent to ``max_attempts`` workers — every try
-        counts, whatever the cause (docs/protocol.md). With ``blame`` (the worker died or
-        hung while running them) batch mates run alone from then on, so a poison input fails
-        by itself. Returns (requeued, failed)."""
+        ``worker_crashed`` (with ``note``) once they have been sent to ``max_attempts``
+        workers — every try counts, whatever the cause (docs/protocol.md). With ``suspect``
+        (one of them may have caused the loss) each runs alone from then on, so a poison
+        input fails by itself. Returns (requeued, failed)."""
         requeued = failed = 0
         held = self.held.pop(worker_id, {})
         for job in sorted(held.values(), key=lambda j: j.id, reverse=True):
             job.worker = job.dispatched_at = None
             job.lost_on.append(worker_id)
-            if blame:
-                job.solo = job.solo or len(held) > 1
+            job.solo = job.solo or suspect
+            self.queues.setdefault(job.model, deque()).appendleft(job)
             if job.attempts >= max_attempts:
-                self.queues.setdefault(job.model, deque()).appendleft(job)  # to answer it
                 tried = ", ".join(job.lost_on[-8:])
-                note = "possibly a poison input" if blame else f"max_attempts is {max_attempts}"
                 self.fail(job, WORKER_CRASHED, f"{why}; the job was sent to {job.attempts} "
                           f"worker(s) ({tried}), each lost — {note}; not retried again")
                 failed += 1
             else:
-                self.queues.setdefault(job.model, deque()).appendleft(job)
                 requeued += 1
         return requeued, failed
 
@@ -223,13 +220,6 @@ class Router:
         count = 0
         while queue:
             self.fail(queue[0], code, message)
-            count += 1
-        return count
-
-    def fail_everything(self, code: str, message: str) -> int:
-        count = sum(self.fail_queued(model, code, message) for model in list(self.queues))
-        for job in list(self.in_flight()):
-            self.fail(job, code, message)
             count += 1
         return count
 

@@ -371,3 +371,17 @@ def test_fuzzed_files_raise_only_config_errors(data: bytes) -> None:
             load_config(file)
         except ConfigErrors as errors:
             assert errors.errors
+
+
+def test_job_timeout_of_zero_is_refused() -> None:
+    with pytest.raises(ConfigErrors) as err:
+        parse_config("models: {m: {handler: 'a:b', policy: {job_timeout: 0}}}")
+    assert "models.m.policy.job_timeout: must be more than 0" in str(err.value)
+
+
+def test_reload_plan_names_changed_supervisor_settings() -> None:
+    from supervisor import reload as reloading
+
+    old = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 50}")
+    new = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 3}")
+    assert reloading.plan(old, new).summary() == {"settings": ["supervisor.max_queue"]}

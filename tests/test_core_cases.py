@@ -195,7 +195,7 @@ def test_kill_memory_counts_each_try_and_answers_the_job() -> None:
         assert (worker, Reason.KILL_MEMORY) in world.killed
         world.exit(worker, -9)
     assert world.code(key) == "worker_crashed"
-    assert "max_attempts is 2" in world.replies[key][0].header["message"]
+    assert "over kill_memory" in world.replies[key][0].header["message"]
 
 
 def test_a_removed_model_answers_what_it_can_no_longer_serve() -> None:
@@ -299,3 +299,65 @@ def test_a_job_bigger_than_the_byte_bound_is_refused_for_good() -> None:
     assert world.code(key) == "bad_request"
     assert "max_queue_bytes" in world.replies[key][0].header["message"]
 
+
+
+def test_limits_hold_while_a_worker_loads() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, max_memory: 1000, "
+                               "kill_memory: 2000"))
+    world.memory["a-1"] = 5000  # grows past kill_memory while loading
+    world.poll()
+    assert ("a-1", Reason.KILL_MEMORY) in world.killed
+    state = world.core.pool.models["a"]
+    assert state.unavailable and "kill_memory" in (state.last_error or "")
+    world.exit("a-1", -9)
+    world.tick(0.1)
+    assert "a-2" not in world.memory  # backing off, not respawning in a loop
+    world.tick(2.0)
+    world.memory["a-2"] = 1500  # over max_memory only: stopped, not killed
+    world.poll()
+    assert world.stopped == ["a-2"]
+
+
+def test_a_fresh_worker_over_kill_memory_backs_off_instead_of_looping() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, kill_memory: 50"))
+    world.ready("a-1")  # 100 bytes right after warm-up
+    assert ("a-1", Reason.KILL_MEMORY) in world.killed
+    assert world.core.pool.models["a"].unavailable
+    world.exit("a-1", -9)
+    world.tick(0.1)
+    assert "a-2" not in world.memory
+    key = world.request(valid("a", 1))
+    assert world.code(key) == "unavailable"
+
+
+def test_batch_mates_of_a_memory_bomb_run_alone_and_succeed() -> None:
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, kill_memory: 1000"))
+    keys = [world.request(valid("a", 1)) for _ in range(4)]
+    world.ready("a-1")
+    assert [len(b.jobs) for b in world.batches["a-1"]] == [4]  # all four in one batch
+    world.memory["a-1"] = 5000  # one of them blew the limit: which one is unknown
+    world.poll()
+    world.exit("a-1", -9)
+    world.tick(2.0)
+    world.ready("a-2")
+    sizes = []
+    while world.batches.get("a-2"):
+        sizes.append(len(world.batches["a-2"][0].jobs))
+        world.answer("a-2")
+    assert set(sizes) == {1}  # every suspect alone from then on
+    assert [world.code(k) for k in keys] == ["ok"] * 4
+
+
+def test_a_job_that_crashed_its_worker_alone_runs_alone_after() -> None:
+    world = World()
+    world.ready("a-1")
+    crash = world.request(valid("a", 1))  # alone on a-1, which then dies
+    world.exit("a-1", -11)
+    keys = [world.request(valid("a", 1)) for _ in range(3)]
+    world.tick(2.0)
+    world.ready("a-2")
+    first = world.batches["a-2"][0]
+    assert [j.id for j in first.jobs] == [1]  # the suspect alone, its mates after
+    while world.batches.get("a-2"):
+        world.answer("a-2")
+    assert all(world.code(k) == "ok" for k in [crash, *keys])

@@ -129,7 +129,7 @@ def test_kill_memory_counts_as_a_try_and_the_job_is_answered(
         with pytest.raises(Exception) as err:
             client.infer("m", x(1.0))
         assert getattr(err.value, "code", None) == "worker_crashed"
-        assert "max_attempts is 2" in getattr(err.value, "message", "")
+        assert "over kill_memory" in getattr(err.value, "message", "")
     assert sup.status()["models"]["m"]["recycles"].get("kill_memory") == 2
 
 
