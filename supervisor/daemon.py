@@ -145,7 +145,10 @@ class Daemon:
         if endpoint.startswith("ipc://"):
             path = Path(endpoint[len("ipc://"):])
             if path.is_socket():
-                path.unlink()  # left by a previous run that died; ZeroMQ would fail to bind
+                if _listening(path):  # ZeroMQ would silently take it over
+                    raise AlreadyRunning(f"{endpoint} is served by another live process; "
+                                         "stop it first, or choose another endpoint")
+                path.unlink()  # left by a previous run that died
         previous = os.umask(0o177)  # no moment when others could open the socket file
         try:
             sock.bind(endpoint)
@@ -424,6 +427,19 @@ class Daemon:
             return
         with contextlib.suppress(Exception):
             self._drain(self.frontend, self._on_frontend)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a live process accepts connections on this unix socket path."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _receive_hwm(sup: SupervisorSection) -> int:

@@ -102,8 +102,8 @@ class Recycler:
     def _over_limit_from_start(self, worker: WorkerHandle, verdict: Verdict,
                                now: float) -> None:
         """Over a memory limit while loading, or right after warm-up before its first job:
-        no fresh worker can serve within the limit. The limit holds (killed, stopped or
-        drained without a job); the model backs off spawning and reports itself unavailable
+        no fresh worker can serve within the limit. The limit holds (killed while loading,
+        drained without a job after); the model backs off spawning and reports itself unavailable
         with the reason, as a model that cannot load does."""
         state = self.pool.models[worker.model]
         reason = verdict.reason or Reason.MAX_MEMORY
@@ -116,11 +116,10 @@ class Recycler:
                   reason=reason.value, memory=verdict.assessment.memory,
                   retry_in_seconds=delay, error=error)
         worker.fresh = False
-        if verdict.action is Action.KILL:
+        if verdict.action is Action.KILL or worker.state is State.STARTING:
+            # A loading worker holds no job and may not heed SIGTERM until it is up:
+            # killed, so it stops growing now and never overlaps its back-off replacement.
             self.kill(worker, verdict, now)
-        elif worker.state is State.STARTING:
-            self.pool.count_recycle(worker, reason, now)
-            self.lifecycle.stop(worker, reason, now)
         else:
             self.start(worker, reason, verdict, now)
 

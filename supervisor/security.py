@@ -127,12 +127,13 @@ def keygen(directory: Path, force: bool = False) -> dict[str, Path]:
     authorized_clients directory holding the client's public key. Existing secret keys are
     kept unless ``force``: a new server key cuts off every client that trusts the old one.
     Secrets are created 0600 in a 0700 directory, never readable by others even briefly."""
-    existing = [directory / n for n in ("server.key_secret", "client.key_secret")
-                if (directory / n).exists()]
+    names = ("server.key", "server.key_secret", "client.key", "client.key_secret",
+             "authorized_clients/client.key")
+    existing = [name for name in names if (directory / name).exists()]
     if existing and not force:
-        raise KeysExist(f"{directory} already holds {', '.join(p.name for p in existing)}; "
-                        "replacing the server key cuts off every client that trusts it. "
-                        "Use another directory, or --force to replace them")
+        raise KeysExist(f"{directory} already holds {', '.join(existing)}; replacing keys "
+                        "cuts off every client that trusts them. Use another directory, or "
+                        "--force to replace them")
     previous = os.umask(0o077)
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)

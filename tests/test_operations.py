@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.notify import Notifier
-from tests.conftest import echo_model
+from tests.conftest import echo_model, short_tmpdir
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "supervisor"]
@@ -204,4 +205,26 @@ def test_a_second_daemon_on_the_same_runtime_dir_refuses_and_harms_nothing(
     assert f"pid {sup.process.pid}" in second.stdout + second.stderr
     assert sup.status()["models"]["m"]["workers"]  # the first one is still reachable
     with sup.client(timeout=30) as client:
+        assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0
+
+
+def test_an_ipc_endpoint_of_a_live_daemon_is_never_taken_over(
+        supervisor_factory: Any) -> None:
+    first = supervisor_factory({"models": {"m": {"handler": "worker.handlers:echo"}}})
+    other = short_tmpdir()
+    try:
+        config = other / "config.yaml"
+        config.write_text(yaml.safe_dump({
+            "supervisor": {"runtime_dir": str(other / "run"),
+                           "endpoints": [first.endpoint]},
+            "models": {"h": {"handler": "worker.handlers:echo"}}}))
+        second = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c", str(config),
+                                 "--log-format", "json"], capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+    assert second.returncode == 1
+    assert "served by another live process" in second.stdout + second.stderr
+    assert Path(first.endpoint[len("ipc://"):]).is_socket()
+    with first.client(timeout=30) as client:
         assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0

@@ -224,3 +224,17 @@ def test_keygen_never_replaces_keys_silently_and_keeps_secrets_private(keys: Pat
                              "--force"], capture_output=True, text=True, timeout=60)
     assert forced.returncode == 0
     assert (keys / "server.key_secret").read_bytes() != secret
+
+
+def test_keygen_keeps_a_directory_of_authorized_clients(keys: Path) -> None:
+    other = short_tmpdir()
+    try:
+        (other / "authorized_clients").mkdir()
+        shutil.copy(keys / "client.key", other / "authorized_clients" / "client.key")
+        kept = (other / "authorized_clients" / "client.key").read_bytes()
+        out = subprocess.run([sys.executable, "-m", "supervisor", "keygen", str(other)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "authorized_clients/client.key" in out.stderr
+        assert (other / "authorized_clients" / "client.key").read_bytes() == kept
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
