@@ -34,6 +34,9 @@ from supervisor.settings import (
     setting,
 )
 
+# The backend socket lives in this subdirectory of the runtime dir, which only the service
+# user may enter: clients share the runtime dir's group, workers are the supervisor's own.
+PRIVATE_DIR = "private"
 # ipc:// paths are limited by sockaddr_un (108 bytes including the terminating NUL).
 MAX_IPC_PATH = 107
 # A config file larger than this is not a config file (and is not read whole into memory).
@@ -318,7 +321,7 @@ class Config:
 
     @property
     def backend(self) -> str:
-        return f"ipc://{self.runtime_dir}/backend.sock"
+        return f"ipc://{self.runtime_dir}/{PRIVATE_DIR}/backend.sock"
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -459,7 +462,7 @@ def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigEr
     errors = []
     named = [(f"supervisor.endpoints[{i}]", e) for i, e in enumerate(sup.endpoints)]
     named += [("supervisor.control", sup.control),
-              ("supervisor.runtime_dir", f"ipc://{runtime_dir}/backend.sock")]
+              ("supervisor.runtime_dir", f"ipc://{runtime_dir}/{PRIVATE_DIR}/backend.sock")]
     for path, endpoint in named:
         scheme, sep, rest = endpoint.partition("://")
         if not sep or scheme not in ("ipc", "tcp"):

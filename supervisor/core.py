@@ -51,6 +51,7 @@ from supervisor.protocol import (
     decode,
     error_message,
     parse_specs,
+    signed_by,
     split_envelope,
     unpack_results,
 )
@@ -87,6 +88,8 @@ class Core:
         self.next_poll = 0.0
         self.shutdown_started: float | None = None
         self.fast_exit = False
+        self.strangers = 0  # backend messages dropped since the last backend_stranger event
+        self.next_stranger_log = 0.0
 
     def take(self) -> list[Action]:
         """The actions decided so far, in order; the daemon performs them."""
@@ -198,10 +201,10 @@ class Core:
 
     # --- workers -------------------------------------------------------------------------
 
-    def spawned(self, worker_id: str, pid: int) -> None:
+    def spawned(self, worker_id: str, pid: int, secret: str) -> None:
         worker = self.pool.workers.get(worker_id)
         if worker is not None:
-            worker.pid = pid
+            worker.pid, worker.secret = pid, secret
             log.info("worker_started", model=worker.model, worker=worker_id, pid=pid)
 
     def exited(self, worker_id: str, code: int, now: float, error: str | None = None) -> None:
@@ -226,11 +229,14 @@ class Core:
             return
         if msg.kind == HEARTBEAT:
             named = self.pool.workers.get(str(msg.header.get("worker")))
-            if named is not None:
+            if named is not None and signed_by(msg, named.secret):
                 self.pool.heartbeat(named, msg.header, now)
+            else:
+                self._stranger(identity, msg, now)
             return
-        if sender is None:
-            return  # a worker already gone, or a stranger on the ipc socket
+        if sender is None or not signed_by(msg, sender.secret):
+            self._stranger(identity, msg, now)  # gone, or never spawned as what it says
+            return
         if msg.kind == READY:
             self._ready(sender, msg.header, now)
         elif msg.kind == RESULTS:
@@ -238,6 +244,16 @@ class Core:
         elif msg.kind == ERROR:
             state = self.pool.models[sender.model]
             state.last_error = str(msg.header.get("message"))[:MAX_WORKER_TEXT]
+
+    def _stranger(self, identity: bytes, msg: Message, now: float) -> None:
+        """A backend message without its worker's spawn secret: dropped, and logged at most
+        once a minute (a stranger must not flood the log either)."""
+        self.strangers += 1
+        if now >= self.next_stranger_log:
+            self.next_stranger_log = now + 60.0
+            log.warning("backend_stranger", identity=identity[:64].decode("utf-8", "replace"),
+                        kind=msg.kind.decode("ascii", "replace"), dropped=self.strangers)
+            self.strangers = 0
 
     def _ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
         try:

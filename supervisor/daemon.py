@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -121,6 +122,9 @@ class Daemon:
         sup = self.config.supervisor
         gid = security.prepare_runtime_dir(Path(self.config.runtime_dir), sup.socket_group)
         self.instance.acquire()  # before any socket: never take over a live daemon's
+        private = Path(self.config.backend[len("ipc://"):]).parent
+        private.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         # What ZeroMQ buffers before the door counts against memory too: a few messages per
         # client pipe (see docs/protocol.md for the bound this gives).
@@ -308,8 +312,9 @@ class Daemon:
 
     def _spawn(self, action: Spawn) -> None:
         try:
+            secret = secrets.token_hex(16)
             spec = spawn.build_spec(self.core.config, action.model, action.worker_id,
-                                    os.getpid(), self.log_format)
+                                    os.getpid(), self.log_format, secret)
             process = subprocess.Popen(
                 spawn.worker_command(spec),
                 env=spawn.worker_env(self.core.config, spec, os.environ),
@@ -327,7 +332,7 @@ class Daemon:
             self.core.exited(action.worker_id, WorkerExit.SPAWN_FAILED, self.clock(), error)
             return
         self.processes[action.worker_id] = process
-        self.core.spawned(action.worker_id, process.pid)
+        self.core.spawned(action.worker_id, process.pid, secret)
 
     def _signal(self, worker_id: str, signum: int) -> None:
         process = self.processes.get(worker_id)

@@ -45,6 +45,7 @@ class WorkerHandle:
     jitter: float  # this worker's fraction off max_jobs / max_age, drawn once
     heartbeat_timeout: float  # judged against the interval it was started with
     pid: int | None = None  # known once the daemon has started the process
+    secret: str | None = None  # its spawn secret: what proves a backend peer is this worker
     state: State = State.STARTING
     ready_at: float | None = None
     last_heartbeat: float = 0.0

@@ -12,6 +12,7 @@ client hop, the worker hop and the control socket. See docs/protocol.md.
 
 from __future__ import annotations
 
+import hmac
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -518,6 +519,23 @@ def unpack_results(msg: Message) -> tuple[list[Message], bool]:
     if start != len(msg.arrays):
         raise ProtocolError(f"results entries name {start} arrays, {len(msg.arrays)} came")
     return replies, leaving
+
+
+# Worker -> supervisor messages carry the worker's spawn secret in this header field: a peer
+# on the backend is a worker because it holds the secret it was spawned with, not because it
+# says so (supervisor/spawn.py hands it over in the worker's environment).
+SECRET = "secret"
+
+
+def signed(msg: Message, secret: str) -> Message:
+    msg.header[SECRET] = secret
+    return msg
+
+
+def signed_by(msg: Message, secret: str | None) -> bool:
+    given = msg.header.get(SECRET)
+    return secret is not None and isinstance(given, str) and \
+        hmac.compare_digest(given.encode(), secret.encode())
 
 
 def error_message(job_id: bytes, code: str, message: str) -> Message:

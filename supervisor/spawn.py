@@ -72,6 +72,7 @@ class WorkerSpec:
     log_level: str
     log_format: str
     parent_pid: int  # the supervisor's pid
+    secret: str  # proves to the supervisor that a backend peer is this spawned worker
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -104,7 +105,7 @@ class WorkerSpec:
 
 
 def build_spec(config: Config, model: str, worker_id: str, parent_pid: int,
-               log_format: str) -> WorkerSpec:
+               log_format: str, secret: str) -> WorkerSpec:
     """The spec of one worker of ``model``; SpawnError if the model's settings cannot travel
     (handler options that are not plain JSON values, say)."""
     try:
@@ -117,7 +118,8 @@ def build_spec(config: Config, model: str, worker_id: str, parent_pid: int,
         signature=settings.signature, options=dict(settings.options),
         tf={name: getattr(settings.tf, name) for name in TF_FIELDS},
         backend=config.backend, heartbeat_interval=config.supervisor.heartbeat_interval,
-        log_level=config.supervisor.log_level, log_format=log_format, parent_pid=parent_pid)
+        log_level=config.supervisor.log_level, log_format=log_format, parent_pid=parent_pid,
+        secret=secret)
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -160,6 +162,9 @@ def _validate(spec: WorkerSpec) -> None:
             not 0 < interval <= MAX_INTERVAL:
         raise SpawnError(f"{ENV_VAR}: heartbeat_interval must be a number of seconds > 0 and "
                          f"<= {MAX_INTERVAL:g}, got {_show(interval)}")
+    if not isinstance(spec.secret, str) or not 32 <= len(spec.secret) <= 128 or \
+            not all(c in "0123456789abcdef" for c in spec.secret):
+        raise SpawnError(f"{ENV_VAR}: secret must be 32 to 128 lowercase hex digits")
     pid = spec.parent_pid
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
         raise SpawnError(f"{ENV_VAR}: parent_pid must be a process id (an integer from 1 to "

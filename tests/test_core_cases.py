@@ -26,6 +26,7 @@ from supervisor.protocol import (
     error_message,
     pack_arrays,
     pack_results,
+    signed,
 )
 from supervisor.reasons import Reason
 from tests.test_core_model import frames_for, hostile, valid
@@ -43,6 +44,10 @@ models:
     batching: {max_batch_size: 8}
     policy: {warmup_jobs: 0, warmup_seconds: 0, max_attempts: 2}
 """
+
+
+def secret(worker_id: str) -> str:
+    return f"{worker_id:0>32}"
 
 
 class World:
@@ -67,7 +72,8 @@ class World:
                 elif isinstance(action, SendBatch):
                     self.batches.setdefault(action.worker_id, []).append(action)
                 elif isinstance(action, Spawn):
-                    self.core.spawned(action.worker_id, 1000 + len(self.memory))
+                    self.core.spawned(action.worker_id, 1000 + len(self.memory),
+                                      secret(action.worker_id))
                     self.memory[action.worker_id] = 100
                 elif isinstance(action, Kill):
                     self.killed.append((action.worker_id, action.reason))
@@ -85,8 +91,9 @@ class World:
         return key
 
     def ready(self, worker_id: str) -> None:
-        self.core.worker_message(worker_id.encode(), encode(Message(
-            READY, b"", {"worker": worker_id, "warmup_seconds": 1.0})), self.now)
+        self.core.worker_message(worker_id.encode(), encode(signed(Message(
+            READY, b"", {"worker": worker_id, "warmup_seconds": 1.0}), secret(worker_id))),
+            self.now)
         self.run()  # the daemon reads its memory here, before any job goes to it
         self.tick()
 
@@ -102,8 +109,8 @@ class World:
             specs, arrays = pack_arrays({"y": np.zeros((job.rows or 1, 1), "float32")})
             replies.append(Message(RESULT, str(job.id).encode(), {"outputs": specs},
                                    list(arrays)))
-        self.core.worker_message(worker_id.encode(), encode(pack_results(replies, leaving)),
-                                 self.now)
+        self.core.worker_message(worker_id.encode(), encode(signed(
+            pack_results(replies, leaving), secret(worker_id))), self.now)
         self.run()
 
     def exit(self, worker_id: str, code: int) -> None:

@@ -52,6 +52,7 @@ from supervisor.protocol import (
     error_message,
     pack_arrays,
     pack_results,
+    signed,
 )
 from supervisor.reasons import Reason
 
@@ -185,6 +186,11 @@ HOSTILE = ["nan_timeout", "inf_timeout", "negative_timeout", "string_timeout",
            "wrong_kind"]
 
 
+def secret(worker_id: str) -> str:
+    """Each spawn's secret (the daemon draws a random one; any distinct one will do here)."""
+    return f"{worker_id:0>32}"
+
+
 @dataclass
 class SimWorker:
     """What the world knows of one worker process."""
@@ -242,7 +248,7 @@ class CoreMachine(RuleBasedStateMachine):
             self.world[action.worker_id] = SimWorker(action.worker_id, self.next_pid,
                                                      heartbeat_timeout=timeout,
                                                      last_beat=self.now)
-            self.core.spawned(action.worker_id, self.next_pid)
+            self.core.spawned(action.worker_id, self.next_pid, secret(action.worker_id))
         elif isinstance(action, Stop):
             self.world[action.worker_id].stop_asked = True
         elif isinstance(action, Kill):
@@ -320,8 +326,8 @@ class CoreMachine(RuleBasedStateMachine):
         sim.ready_sent = True
         header = {"worker": sim.id, "pid": sim.pid, "warmup_seconds": 1.0,
                   "inputs": None, "outputs": None}
-        self.event(self.core.worker_message, sim.id.encode(), encode(Message(READY, b"",
-                                                                             header)), self.now)
+        self.event(self.core.worker_message, sim.id.encode(),
+                   encode(signed(Message(READY, b"", header), secret(sim.id))), self.now)
 
     @rule(data=st.data(), outcome=st.sampled_from(["ok", "error", "huge_error", "partial",
                                                    "leaving"]))
@@ -344,7 +350,8 @@ class CoreMachine(RuleBasedStateMachine):
         leaving = outcome == "leaving"
         sim.leaving_sent = sim.leaving_sent or leaving
         self.event(self.core.worker_message, sim.id.encode(),
-                   encode(pack_results(replies, leaving=leaving)), self.now)
+                   encode(signed(pack_results(replies, leaving=leaving), secret(sim.id))),
+                   self.now)
 
     @rule(data=st.data())
     def worker_speaks_garbage(self, data: st.DataObject) -> None:
@@ -354,16 +361,29 @@ class CoreMachine(RuleBasedStateMachine):
             self.event(self.core.worker_message, sim.id.encode(),
                        [VERSION, b"results", b"", b"\xc1"], self.now)
 
-    @rule(data=st.data())
-    def late_or_stranger_on_backend(self, data: st.DataObject) -> None:
-        """Answers from a worker already gone, or from a peer that was never spawned.
-        (A peer posing as a *live* worker is refused by proof of spawn, not here.)"""
-        gone = sorted(w.id for w in self.world.values() if not w.alive)
-        sender = data.draw(st.sampled_from([*gone, "stranger"]))
+    @rule(data=st.data(), kind=st.sampled_from([b"results", READY, HEARTBEAT]),
+          proof=st.sampled_from(["none", "wrong", "own"]))
+    def impostor_on_backend(self, data: st.DataObject, kind: bytes, proof: str) -> None:
+        """A peer posing as a live worker (or one already gone, or none ever spawned),
+        without that worker's spawn secret; or a gone worker's late message with its own."""
+        names = [*sorted(self.world), "stranger"]
+        sender = data.draw(st.sampled_from(names))
+        if proof == "own" and (sender == "stranger" or self.world[sender].alive):
+            return  # a live worker's own secret is the worker itself: other rules
         job_id = str(data.draw(st.integers(1, max(1, self.next_client)))).encode()
-        header = {"jobs": [{"id": job_id, "kind": RESULT, "header": {}, "arrays": 0}]}
-        self.event(self.core.worker_message, sender.encode(),
-                   encode(Message(b"results", b"", header)), self.now)
+        header: dict[str, Any] = {"worker": sender, "jobs": [
+            {"id": job_id, "kind": RESULT, "header": {}, "arrays": 0}], "tf_memory": None}
+        msg = Message(kind, b"", header)
+        if proof != "none":
+            signed(msg, secret(sender) if proof == "own" else "f" * 32)
+        worker = self.core.pool.workers.get(sender)
+        before = worker and (worker.state, worker.last_heartbeat, worker.jobs)
+        replies = len(self.replies)
+        self.event(self.core.worker_message, sender.encode(), encode(msg), self.now)
+        assert len(self.replies) == replies, "an impostor's answer reached a client"
+        if worker is not None:
+            assert (worker.state, worker.last_heartbeat, worker.jobs) == before, \
+                f"an impostor changed {sender}"
 
     @rule(data=st.data(), code=st.sampled_from([1, -9, -11, int(WorkerExit.RECYCLE),
                                                 int(WorkerExit.LOAD_ERROR), 0]))
@@ -389,13 +409,14 @@ class CoreMachine(RuleBasedStateMachine):
         """The world goes on as it should: workers come up and answer what they hold."""
         for sim in self.workers(lambda w: not w.ready_sent and not w.killed):
             sim.ready_sent = True
-            self.event(self.core.worker_message, sim.id.encode(), encode(Message(
-                READY, b"", {"worker": sim.id, "warmup_seconds": 1.0})), self.now)
+            self.event(self.core.worker_message, sim.id.encode(), encode(signed(Message(
+                READY, b"", {"worker": sim.id, "warmup_seconds": 1.0}), secret(sim.id))),
+                self.now)
         for sim in self.workers(lambda w: bool(w.batches) and not w.killed):
             batch = sim.batches.pop(0)
             replies = [error_message(str(j.id).encode(), "internal", "fine") for j in batch.jobs]
             self.event(self.core.worker_message, sim.id.encode(),
-                       encode(pack_results(replies)), self.now)
+                       encode(signed(pack_results(replies), secret(sim.id))), self.now)
 
     @rule()
     def heartbeats(self) -> None:
@@ -403,7 +424,8 @@ class CoreMachine(RuleBasedStateMachine):
             sim.last_beat = self.now
             header = {"worker": sim.id, "jobs": 0, "tf_memory": None}
             self.event(self.core.worker_message, b"hb-socket",
-                       encode(Message(HEARTBEAT, b"", header)), self.now)
+                       encode(signed(Message(HEARTBEAT, b"", header), secret(sim.id))),
+                       self.now)
 
     @rule(data=st.data(), memory=st.sampled_from([100, 500, MAX_MEMORY - 1, MAX_MEMORY,
                                                   MAX_MEMORY + 500, KILL_MEMORY, 5000]))

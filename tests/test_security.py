@@ -22,6 +22,7 @@ import zmq.auth
 from supervisor.aclient import AsyncClient
 from supervisor.client import BadRequest, Client, JobError, NoReply
 from supervisor.config import parse_config
+from supervisor.protocol import HEARTBEAT, READY, Message, encode
 from supervisor.settings import ConfigErrors
 from tests.conftest import echo_model, short_tmpdir
 
@@ -60,9 +61,11 @@ def test_exposed_tcp_needs_curve_or_an_explicit_insecure() -> None:
 def test_ipc_sockets_exclude_other_users(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"models": {"m": echo_model(1)}})
     assert stat.S_IMODE(os.stat(sup.runtime_dir).st_mode) == 0o750
-    for name in ("frontend.sock", "control.sock", "backend.sock"):
+    for name in ("frontend.sock", "control.sock", "private/backend.sock"):
         mode = stat.S_IMODE(os.stat(sup.runtime_dir / name).st_mode)
         assert mode == 0o660, (name, oct(mode))
+    # Workers only: clients share the runtime dir's group, not the backend's directory.
+    assert stat.S_IMODE(os.stat(sup.runtime_dir / "private").st_mode) == 0o700
 
 
 @pytest.fixture
@@ -238,3 +241,29 @@ def test_keygen_keeps_a_directory_of_authorized_clients(keys: Path) -> None:
         assert (other / "authorized_clients" / "client.key").read_bytes() == kept
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_a_peer_without_the_spawn_secret_is_not_a_worker(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"supervisor": {"heartbeat_interval": "0.2s",
+                                             "heartbeat_timeout": "1s"},
+                              "models": {"m": echo_model(1)}})
+    [worker] = sup.workers("m")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.IDENTITY, b"m-2")  # the next worker's id: predictable
+    sock.connect(f"ipc://{sup.runtime_dir}/private/backend.sock")
+    try:
+        fake = {"a": 2**63 - 1}
+        for _ in range(20):
+            sock.send_multipart(encode(Message(READY, b"", {"worker": "m-2"})))
+            sock.send_multipart(encode(Message(HEARTBEAT, b"", {
+                "worker": worker["id"], "tf_memory": fake, "secret": "0" * 32})))
+            time.sleep(0.05)
+        status = sup.wait_for(lambda s: '"event": "backend_stranger"' in sup.log(), 30,
+                              "the stranger logged")
+    finally:
+        sock.close()
+    [seen] = status["models"]["m"]["workers"]
+    assert seen["id"] == worker["id"] and seen["tf_memory"] != fake
+    with sup.client(timeout=30) as client:
+        assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0

@@ -65,13 +65,16 @@ EXIT_TIMEOUT = 60.0
 MESSAGE_TIMEOUT = 60.0
 
 
+SECRET = "0123456789abcdef" * 2
+
+
 def valid_raw(**changes: Any) -> dict[str, Any]:
     raw: dict[str, Any] = {
         "worker_id": "echo-1", "model": "echo", "source": "handler",
         "location": "worker.handlers:echo", "signature": "serving_default", "options": {},
         "tf": dict(TF_DEFAULTS), "backend": "ipc:///tmp/nowhere/backend.sock",
         "heartbeat_interval": 0.2, "log_level": "info", "log_format": "json",
-        "parent_pid": os.getpid()}
+        "parent_pid": os.getpid(), "secret": SECRET}
     raw.update(changes)
     return raw
 
@@ -94,7 +97,8 @@ specs = st.builds(
         "gpu_memory_limit": st.none() | st.integers(0, 2**45)}),
     backend=names, heartbeat_interval=st.floats(1e-3, 3600.0),
     log_level=st.sampled_from(LOG_LEVELS), log_format=st.sampled_from(LOG_FORMATS),
-    parent_pid=st.integers(1, MAX_PID))
+    parent_pid=st.integers(1, MAX_PID),
+    secret=st.text("0123456789abcdef", min_size=32, max_size=128))
 
 
 @given(specs)
@@ -135,6 +139,8 @@ WRONG: dict[str, st.SearchStrategy[Any]] = {
     "parent_pid": json_values.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
     | st.booleans() | st.integers(max_value=0) | st.integers(min_value=MAX_PID + 1)
     | st.floats(allow_nan=False) | st.just(float(os.getpid())),
+    "secret": json_values.filter(lambda v: not isinstance(v, str)) | st.just("")
+    | st.just("0123") | st.just("G" * 32) | st.just("A" * 32) | st.just("0" * 129),
 }
 
 
@@ -240,10 +246,10 @@ def workdir() -> Iterator[Path]:
 
 @pytest.fixture
 def backend(workdir: Path) -> Iterator[Backend]:
-    """A fake supervisor backend at ipc://WORKDIR/run/backend.sock, closed whatever happens
+    """A fake supervisor backend at ipc://WORKDIR/run/private/backend.sock, closed whatever happens
     (a zmq context left to the garbage collector with a socket open blocks forever)."""
     (workdir / "run").mkdir()
-    fake = Backend(workdir / "run")
+    fake = Backend(workdir / "run" / "private")
     yield fake
     fake.close()
 
@@ -262,15 +268,15 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
 def test_build_spec_takes_every_field_from_the_config(workdir: Path) -> None:
     (workdir / "config.yaml").write_text(CONFIG)
     config = load_config(workdir / "config.yaml")
-    spec = build_spec(config, "echo", "echo-3", 4321, "console")
+    spec = build_spec(config, "echo", "echo-3", 4321, "console", SECRET)
     assert spec == WorkerSpec(
         worker_id="echo-3", model="echo", source="handler", location="worker.handlers:echo",
         signature="serving_default",
         options={"recycle_after": 7, "inputs": {"x": {"dtype": "float32", "shape": [None, 4]}}},
         tf={"intra_op_threads": 2, "inter_op_threads": 0, "gpu_memory_growth": True,
             "gpu_memory_limit": 2**30},
-        backend=f"ipc://{workdir.resolve()}/run/backend.sock", heartbeat_interval=0.5,
-        log_level="debug", log_format="console", parent_pid=4321)
+        backend=f"ipc://{workdir.resolve()}/run/private/backend.sock", heartbeat_interval=0.5,
+        log_level="debug", log_format="console", parent_pid=4321, secret=SECRET)
     assert worker_command(spec) == [sys.executable, "-m", "worker", "--id", "echo-3",
                                     "--model", "echo"]
     env = worker_env(config, spec, {"HOME": "/home/x", ENV_VAR: "stale", "FROM_MODEL": "no"})
@@ -278,7 +284,7 @@ def test_build_spec_takes_every_field_from_the_config(workdir: Path) -> None:
     assert env["HOME"] == "/home/x" and env["FROM_MODEL"] == "yes"
     assert env["PYTHONPATH"] == os.pathsep.join([str(workdir.resolve()), "/from/model"])
     with pytest.raises(SpawnError, match="no model"):
-        build_spec(config, "absent", "absent-1", 4321, "json")
+        build_spec(config, "absent", "absent-1", 4321, "json", SECRET)
 
 
 # --- real workers ------------------------------------------------------------------------------
@@ -394,6 +400,7 @@ class Backend:
     """A fake supervisor backend: a ROUTER on an ipc socket."""
 
     def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         self.endpoint = f"ipc://{workdir}/backend.sock"
         self.context = zmq.Context()
         self.sock = self.context.socket(zmq.ROUTER)
@@ -445,7 +452,7 @@ def boot_worker(workdir: Path, backend: Backend, processes: list[subprocess.Pope
         f"models: {{echo: {{handler: 'worker.handlers:echo', options: {json.dumps(options)}}}}}\n")
     config = load_config(workdir / "config.yaml")
     assert config.backend == backend.endpoint
-    spec = build_spec(config, "echo", "echo-1", os.getpid(), "json")
+    spec = build_spec(config, "echo", "echo-1", os.getpid(), "json", SECRET)
     process = subprocess.Popen(worker_command(spec), cwd=ROOT,
                                env=worker_env(config, spec, os.environ),
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -453,6 +460,7 @@ def boot_worker(workdir: Path, backend: Backend, processes: list[subprocess.Pope
     processes.append(process)
     identity, ready = backend.receive(READY, process)
     assert identity == b"echo-1" and ready.header["pid"] == process.pid
+    assert ready.header["secret"] == SECRET  # proof of spawn, on every message
     return process, identity
 
 

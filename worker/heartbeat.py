@@ -16,16 +16,16 @@ import threading
 import zmq
 
 from supervisor.exitcodes import WorkerExit
-from supervisor.protocol import HEARTBEAT, Message, encode
+from supervisor.protocol import HEARTBEAT, Message, encode, signed
 from worker import runtime
 
 
 class Heartbeat(threading.Thread):
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, worker_id: str,
-                 interval: float, parent_pid: int) -> None:
+                 interval: float, parent_pid: int, secret: str) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.context, self.endpoint, self.worker_id = context, endpoint, worker_id
-        self.interval, self.parent_pid = interval, parent_pid
+        self.interval, self.parent_pid, self.secret = interval, parent_pid, secret
         self.jobs = 0  # written by the serving loop only; read here
         self._halt = threading.Event()
 
@@ -41,7 +41,8 @@ class Heartbeat(threading.Thread):
                 header = {"worker": self.worker_id, "jobs": self.jobs,
                           "tf_memory": runtime.tf_memory_info()}
                 with contextlib.suppress(zmq.Again):
-                    sock.send_multipart(encode(Message(HEARTBEAT, b"", header)), zmq.NOBLOCK)
+                    sock.send_multipart(encode(signed(Message(HEARTBEAT, b"", header),
+                                                      self.secret)), zmq.NOBLOCK)
         finally:
             sock.close()
 

@@ -30,6 +30,7 @@ from supervisor.protocol import (
     decode,
     encode,
     pack_results,
+    signed,
     wire_dtype,
 )
 from supervisor.spawn import ENV_VAR, SpawnError, WorkerSpec
@@ -138,7 +139,7 @@ def report_load_error(spec: WorkerSpec, message: str) -> None:
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(spec.backend)
     header = {"worker": spec.worker_id, "code": "load_error", "message": message}
-    sock.send_multipart(encode(Message(ERROR, b"", header)))
+    sock.send_multipart(encode(signed(Message(ERROR, b"", header), spec.secret)))
     sock.close()
     context.term()
 
@@ -151,10 +152,10 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec.backend)
     heartbeat = Heartbeat(context, spec.backend, worker_id, spec.heartbeat_interval,
-                          spec.parent_pid)
+                          spec.parent_pid, spec.secret)
     ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
              "inputs": _wire(runner.inputs), "outputs": _wire(runner.outputs)}
-    sock.send_multipart(encode(Message(READY, b"", ready)))
+    sock.send_multipart(encode(signed(Message(READY, b"", ready), spec.secret)))
     heartbeat.start()
     code = WorkerExit.OK
     try:
@@ -169,7 +170,7 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
                 # Read once: the flag the supervisor sees is the exit we take. Leaving tells
                 # it to send nothing more; the RESULTS go out before we do (LINGER).
                 leaving = recycle_requested()
-                send(sock, encode(pack_results(replies, leaving=leaving)))
+                send(sock, encode(signed(pack_results(replies, leaving=leaving), spec.secret)))
                 heartbeat.jobs += len(replies)
                 if leaving:
                     log.info("recycle_requested_by_handler")
