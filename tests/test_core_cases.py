@@ -29,7 +29,7 @@ from supervisor.protocol import (
     signed,
 )
 from supervisor.reasons import Reason
-from tests.test_core_model import frames_for, hostile, valid
+from tests.test_core_model import frames_for, hostile, secret, valid
 
 BASE = """
 supervisor:
@@ -44,10 +44,6 @@ models:
     batching: {max_batch_size: 8}
     policy: {warmup_jobs: 0, warmup_seconds: 0, max_attempts: 2}
 """
-
-
-def secret(worker_id: str) -> str:
-    return f"{worker_id:0>32}"
 
 
 class World:
