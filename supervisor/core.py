@@ -14,6 +14,7 @@ the two promises after each step:
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ class Refusal(Exception):
 
 
 class Core:
-    def __init__(self, config: Config, rng: Any = None) -> None:
+    def __init__(self, config: Config, rng: random.Random | None = None) -> None:
         self.config = config
         self.outbox: list[Action] = []
         sup = config.supervisor
@@ -256,14 +257,15 @@ class Core:
             self.strangers = 0
 
     def _ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
+        if worker.state is not State.STARTING:
+            return  # told to stop meanwhile, or said twice: it never turns ready again
         try:
             inputs = _specs(header.get("inputs"))
             outputs = _specs(header.get("outputs"))
         except ProtocolError as exc:
             self._broke(worker, f"bad ready message: {exc}", now)
             return
-        if not self.pool.mark_ready(worker, header, now):
-            return  # told to stop meanwhile: it never turns ready again
+        self.pool.mark_ready(worker, header, now)
         state = self.pool.models[worker.model]
         state.inputs = inputs if inputs is not None else state.inputs
         state.outputs = outputs if outputs is not None else state.outputs

@@ -67,10 +67,6 @@ class WorkerHandle:
         is ready (surge); no other leaving worker is sent anything."""
         return self.reason is not None
 
-    @property
-    def in_rotation(self) -> bool:
-        return self.state is State.READY
-
 
 @dataclass
 class ModelState:
@@ -158,17 +154,13 @@ class Pool:
         state.last_error = error
         return delay
 
-    def mark_ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> bool:
-        """READY from a starting worker; False (ignored) in any other state: a worker told to
-        stop never turns ready again."""
-        if worker.state is not State.STARTING:
-            return False
+    def mark_ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
+        """READY from a starting worker (the core ignores it in any other state)."""
         worker.state = State.READY
         worker.ready_at = worker.last_heartbeat = now
         warmup = header.get("warmup_seconds")
         worker.warmup_seconds = float(warmup) if isinstance(warmup, int | float) and \
             not isinstance(warmup, bool) and math.isfinite(warmup) else None
-        return True
 
     def heartbeat(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
         worker.last_heartbeat = now
