@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.config import Config, config_reference, config_schema, load_config
+from supervisor.config import Config, config_reference, config_schema, doors, load_config
+from supervisor.reasons import ExitCause, Hold
 from supervisor.settings import ConfigErrors
 from supervisor.units import format_duration, format_size
 
@@ -50,12 +51,34 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from supervisor.preflight import preflight
+
     config = _load(args.config)
+    findings = preflight(config)
+    for finding in findings:
+        print(f"{args.config}: {finding}", file=sys.stderr)
+    if any(f.error for f in findings):
+        return 1
     workers = sum(m.workers for m in config.models.values())
     print(f"{args.config}: OK — {len(config.models)} model(s) "
           f"({', '.join(sorted(config.models))}), {workers} worker(s), "
           f"frontend {', '.join(config.supervisor.endpoints)}")
     return 0
+
+
+def _door(args: argparse.Namespace, admin: bool) -> str:
+    """The endpoint to reach: --control / --admin, else the config's, read leniently: the
+    running daemon was started from an earlier, valid file, so a bad edit must not cut the
+    operator (or a liveness probe) off from it."""
+    given = args.admin if admin else args.control
+    if given:
+        return str(given)
+    found = doors(args.config)
+    if found.problems:
+        print(f"warning: {args.config} does not validate ({len(found.problems)} error(s); "
+              f"`tfsupervisor check -c {args.config}`); reaching the running daemon anyway",
+              file=sys.stderr)
+    return found.admin if admin else found.control
 
 
 def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
@@ -105,16 +128,15 @@ def cmd_infer(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.client import JobError, control
 
-    config = _load(args.config)
+    endpoint = _door(args, admin=False)
     try:
-        report = control(config.supervisor.control, "status", timeout=args.timeout,
-                         **_curve_args(args))
+        report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
     except JobError as exc:
         if not args.ready:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.ready:  # a readiness probe: the exit code is the answer
-        return 0 if report.get("serving") else 1
+        return 0 if report.get("ready") else 1
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -125,17 +147,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     from supervisor.client import JobError, control
 
-    config = _load(args.config)
+    endpoint = _door(args, admin=False)
     try:
         while True:
             try:
-                report = control(config.supervisor.control, "status", timeout=args.interval + 5,
+                report = control(endpoint, "status", timeout=args.interval + 5,
                                  **_curve_args(args))
                 screen = render_status(report)
             except JobError as exc:
                 screen = f"error: {exc}"
             stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {config.supervisor.control} — "
+            sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {endpoint} — "
                              f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
             sys.stdout.flush()
             time.sleep(args.interval)
@@ -146,9 +168,9 @@ def cmd_top(args: argparse.Namespace) -> int:
 def cmd_recycle(args: argparse.Namespace) -> int:
     from supervisor.client import JobError, control
 
-    config = _load(args.config)
+    endpoint = _door(args, admin=True)
     try:
-        result = control(config.supervisor.control, "recycle", timeout=args.timeout,
+        result = control(endpoint, "recycle", timeout=args.timeout,
                          model=args.model, worker=args.worker, **_curve_args(args))
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -164,7 +186,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
     config = _load(args.config)  # refuse a broken file here, before the daemon sees it
     try:
-        result = control(config.supervisor.control, "reload", timeout=args.timeout,
+        result = control(args.admin or config.supervisor.admin, "reload", timeout=args.timeout,
                          **_curve_args(args))
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -176,36 +198,72 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def render_status(report: dict[str, Any]) -> str:
     rows = [("MODEL", "WORKER", "PID", "STATE", "MEMORY", "GROWTH/1K", "GROWTH/H", "TO LIMIT",
-             "VRAM", "JOBS", "AGE", "NOTE")]
+             "VRAM", "JOBS", "AGE", "SLOT", "NOTE")]
     notes = []
     for name, model in sorted(report["models"].items()):
         for w in model["workers"]:
             growth_1k = _signed(w.get("growth_per_1k_jobs"))
             growth_h = _signed(w.get("growth_per_hour"))
-            note = w.get("recycle_reason") or ("" if w.get("warmed_up") else
-                                               "policy warm-up")
             rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w.get("memory")),
                          growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
                          format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
-                         note))
-        recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
-        state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
-        last = model.get("last_recycle")
-        last_text = f"; last: {last['reason']} ({last['worker']}, " \
-                    f"{format_duration(last['seconds_ago'])} ago)" if last else ""
-        paused_text = "; POLICY TOO TIGHT: young workers keep being recycled for memory " \
-                      "(docs/policy.md)" if model.get("policy_too_tight") else ""
-        batches = model.get("batches") or {}
-        batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
-                     f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
-        notes.append(f"{name}: {state}; queued {model['queued']}, in flight "
-                     f"{model['in_flight']}{batch_text}; {model['memory_metric']} limit "
-                     f"{format_size(model.get('max_memory'))}; recycles: {recycles}"
-                     f"{last_text}{paused_text}")
+                         str(w.get("slot", "-")), _worker_note(w, model.get("limits") or {})))
+        notes.append(_model_note(name, model))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
     return "\n".join([*lines, "", *notes])
+
+
+def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
+    """What an operator should know about one worker, in words: a limit it is over, why it
+    is leaving, a recycle that waits, or that its trend is not judged yet."""
+    parts = []
+    for limit in w.get("over_limits") or []:
+        figure = w.get("vram") if limit == "max_vram" else w.get("memory")
+        parts.append(f"OVER {limit} ({format_size(figure)} >= {format_size(limits.get(limit))})")
+    held = w.get("recycle_held_back")
+    if held and held["why"] == Hold.BACKOFF:
+        parts.append(f"serving on: its replacement ({held['reason']}) fails to start, "
+                     "retried with back-off")
+    elif held:
+        parts.append(f"recycle ({held['reason']}) held back: max_concurrent_recycles "
+                     "already under way")
+    elif w.get("recycle_reason"):
+        parts.append(f"leaving: {w['recycle_reason']}")
+    if not parts and not w.get("warmed_up"):
+        parts.append("policy warm-up")
+    return "; ".join(parts)
+
+
+def _model_note(name: str, model: dict[str, Any]) -> str:
+    recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
+    state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    last = model.get("last_recycle")
+    last_text = f"; last: {last['reason']} ({last['worker']}, " \
+                f"{format_duration(last['seconds_ago'])} ago)" if last else ""
+    paused_text = "; POLICY TOO TIGHT: young workers keep being recycled for memory " \
+                  "(docs/policy.md)" if model.get("policy_too_tight") else ""
+    held = model.get("recycles_held_back") or 0
+    held_text = f"; {held} recycle(s) HELD BACK (see NOTE)" if held else ""
+    over = sum(1 for w in model["workers"] if w.get("over_limits"))
+    over_text = f"; {over} worker(s) OVER A LIMIT, on their way out" if over else ""
+    exits = model.get("exits") or {}
+    exits_text = "; exits: " + ", ".join(f"{k}={v}" for k, v in sorted(exits.items())) \
+        if exits else ""
+    unexpected = model.get("last_unexpected_exit")
+    unexpected_text = f"; LAST UNEXPECTED EXIT: {unexpected['cause']} ({unexpected['worker']} " \
+                      f"slot {unexpected['slot']}, {unexpected['exit']}, " \
+                      f"{format_duration(unexpected['seconds_ago'])} ago)" if unexpected else ""
+    if unexpected and unexpected["cause"] == ExitCause.KILLED_EXTERNALLY:
+        unexpected_text += ": a SIGKILL the supervisor did not send, possibly the OOM killer"
+    batches = model.get("batches") or {}
+    batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
+                 f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
+    return (f"{name}: {state}; queued {model['queued']}, in flight {model['in_flight']}"
+            f"{batch_text}; {model['memory_metric']} limit "
+            f"{format_size(model.get('max_memory'))}; recycles: {recycles}{last_text}"
+            f"{held_text}{over_text}{paused_text}{exits_text}{unexpected_text}")
 
 
 def _signed(value: float | None) -> str:
@@ -283,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("infer", "status", "top", "recycle", "reload"):
             p.add_argument("--server-key", help="server public certificate (CURVE over TCP)")
             p.add_argument("--client-cert", help="client secret certificate (CURVE over TCP)")
+        if name in ("status", "top"):
+            p.add_argument("--control", metavar="ENDPOINT", help="the status endpoint "
+                           "(default: supervisor.control of the config)")
+        if name in ("recycle", "reload"):
+            p.add_argument("--admin", metavar="ENDPOINT", help="the admin endpoint "
+                           "(default: supervisor.admin of the config)")
         p.set_defaults(func=func)
         return p
 
@@ -302,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--timeout", type=float, default=5.0)
     status.add_argument("--ready", action="store_true",
-                        help="print nothing; exit 0 only if the daemon is serving (probes)")
+                        help="print nothing; exit 0 only if the daemon is serving and every "
+                        "required model has a ready worker (probes)")
     top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")

@@ -158,8 +158,16 @@ class ModelConfig:
     signature: str = setting(Str(), "serving_default", "SavedModel signature to serve.")
     options: dict[str, Any] = setting(FreeMap(), {}, "Passed to the handler factory.")
     workers: int = setting(Int(1), 1, "Worker processes serving this model.")
+    required: bool = setting(
+        Bool(), True, "Whether the daemon is ready (systemd READY=1, `status --ready`) only "
+        "once this model has its ready workers. false: a model that cannot load does not "
+        "hold back the others.")
     env: dict[str, str] = setting(
         FreeMap(strings=True), {}, "Extra environment for this model's workers.")
+    probes: bool = setting(
+        Bool(), True, "Whether the workers sample leak probes (traced graphs, Python and "
+        "native heap, input shapes, per-shape memory growth) into their heartbeats, which "
+        "recycle events quote to say why a worker grew. false: for measuring their cost.")
     tf: TfConfig = setting(Section(TfConfig), None, "TensorFlow runtime settings.")
     policy: PolicyConfig = setting(
         Section(PolicyConfig), None, "Recycling policy (over defaults.policy).")
@@ -195,7 +203,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CurveConfig:
-    """CURVE encryption and client authentication for the frontend and control sockets."""
+    """CURVE encryption and client authentication for the frontend, control and admin sockets."""
 
     server_secret_key: str | None = setting(
         Optional(Str()), None, "The server's secret certificate (from `tfsupervisor keygen`); "
@@ -203,6 +211,10 @@ class CurveConfig:
     authorized_clients: str | None = setting(
         Optional(Str()), None, "Directory of authorized client public certificates (*.key); "
         "re-read on reload.")
+    admin_clients: str | None = setting(
+        Optional(Str()), None, "Directory of the client certificates (*.key) a TCP admin "
+        "endpoint admits (recycle, reload); re-read on reload. Required for a TCP admin "
+        "endpoint.")
 
     @property
     def enabled(self) -> bool:
@@ -212,7 +224,18 @@ class CurveConfig:
         if (self.server_secret_key is None) != (self.authorized_clients is None):
             return [ConfigError(path, "expected both server_secret_key and "
                                 "authorized_clients, or neither")]
+        if self.admin_clients is not None and self.server_secret_key is None:
+            return [ConfigError(f"{path}.admin_clients", "needs server_secret_key and "
+                                "authorized_clients: admin keys are CURVE keys")]
         return []
+
+    @property
+    def key_directories(self) -> dict[str, str]:
+        """Client key directories by the setting that names them (read at start and on
+        every reload)."""
+        named = {"authorized_clients": self.authorized_clients,
+                 "admin_clients": self.admin_clients}
+        return {name: value for name, value in named.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -223,7 +246,16 @@ class SupervisorSection:
         ListOf(Str(), min_items=1), ["ipc://{runtime_dir}/frontend.sock"],
         "Frontend endpoints clients connect to; {runtime_dir} is substituted.")
     control: str = setting(
-        Str(), "ipc://{runtime_dir}/control.sock", "Control endpoint (status, recycle).")
+        Str(), "ipc://{runtime_dir}/control.sock", "Status endpoint (read-only: `status`, "
+        "`top`, readiness probes); reachable by socket_group.")
+    admin: str = setting(
+        Str(), "ipc://{runtime_dir}/admin.sock", "Admin endpoint: `recycle` and `reload` "
+        "(and `status`). ipc: the service user only, or admin_group; tcp: CURVE keys from "
+        "curve.admin_clients.")
+    admin_group: str | None = setting(
+        Optional(Str()), None, "Group given access to the admin ipc socket (mode 0660); "
+        "default none: only the service user (and root). Its members must also be able to "
+        "enter the runtime dir (socket_group).")
     runtime_dir: str | None = setting(
         Optional(Str()), None, "Directory for ipc sockets; default $RUNTIME_DIRECTORY, "
         "else ./run beside the config file.")
@@ -263,8 +295,8 @@ class SupervisorSection:
     curve: CurveConfig = setting(
         Section(CurveConfig), None, "CURVE keys; required for TCP beyond loopback.")
     insecure: bool = setting(
-        Bool(), False, "Allow TCP endpoints beyond loopback (and a TCP control endpoint) "
-        "without CURVE. Anyone who reaches them can submit jobs or stop workers.")
+        Bool(), False, "Allow TCP endpoints beyond loopback (and TCP control or admin "
+        "endpoints) without CURVE. Anyone who reaches them can submit jobs or stop workers.")
     socket_group: str | None = setting(
         Optional(Str()), None, "Group given access to the ipc sockets (mode 0660 in a 0750 "
         "directory); default: the supervisor's own group.")
@@ -288,7 +320,12 @@ class SupervisorSection:
         if self.max_arrays > 64:
             errors.append(ConfigError(f"{path}.max_arrays", "must be at most 64"))
         if not (self.curve.enabled or self.insecure):
-            errors.extend(_exposed(path, self.endpoints, self.control))
+            errors.extend(_exposed(path, self.endpoints, self.control, self.admin))
+        if self.curve.enabled and self.admin.startswith("tcp://") and \
+                self.curve.admin_clients is None:
+            errors.append(ConfigError(f"{path}.admin", "a TCP admin endpoint needs "
+                                      "supervisor.curve.admin_clients: the keys that may "
+                                      "recycle and reload"))
         return errors
 
 
@@ -403,8 +440,49 @@ def _parse_config(text: str, file: Path | None) -> Config:
     if curve.server_secret_key and curve.authorized_clients:
         sup = dataclasses.replace(sup, curve=CurveConfig(
             str((base / curve.server_secret_key).resolve()),
-            str((base / curve.authorized_clients).resolve())))
+            str((base / curve.authorized_clients).resolve()),
+            str((base / curve.admin_clients).resolve()) if curve.admin_clients else None))
     return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
+
+
+@dataclass(frozen=True)
+class Doors:
+    """Where the CLI reaches a running daemon: its status and admin endpoints."""
+
+    control: str
+    admin: str
+    problems: tuple[str, ...] = ()  # why the file was not valid as a whole (then best effort)
+
+
+def doors(path: str | os.PathLike[str]) -> Doors:
+    """The control and admin endpoints a config names, even when the rest of the file no
+    longer validates: `status` and `recycle` talk to the daemon that is running, which was
+    started from an earlier, valid version of the file, so a bad edit must not stop them."""
+    try:
+        config = load_config(path)
+    except ConfigErrors as errors:
+        problems = tuple(str(e) for e in errors.errors)
+    else:
+        return Doors(config.supervisor.control, config.supervisor.admin)
+    file = Path(path)
+    try:
+        raw = yaml.safe_load(file.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace"))
+        section = raw.get("supervisor") if isinstance(raw, dict) else None
+    except Exception:  # anything at all: the defaults are the best guess left
+        section = None
+    section = section if isinstance(section, dict) else {}
+
+    def text(key: str, default: str | None) -> str | None:
+        value = section.get(key)
+        return value if isinstance(value, str) and "\0" not in value else default
+
+    base = file.parent.resolve()
+    runtime_dir = _runtime_dir(text("runtime_dir", None), base)
+    defaults = SupervisorSection()
+    control = text("control", defaults.control) or defaults.control
+    admin = text("admin", defaults.admin) or defaults.admin
+    return Doors(control.replace("{runtime_dir}", str(runtime_dir)),
+                 admin.replace("{runtime_dir}", str(runtime_dir)), problems)
 
 
 def _with_default_policy(raw: dict[str, Any]) -> dict[str, Any]:
@@ -455,15 +533,20 @@ def _substitute(sup: SupervisorSection, runtime_dir: Path) -> SupervisorSection:
         return endpoint.replace("{runtime_dir}", str(runtime_dir))
 
     return dataclasses.replace(
-        sup, endpoints=tuple(sub(e) for e in sup.endpoints), control=sub(sup.control))
+        sup, endpoints=tuple(sub(e) for e in sup.endpoints), control=sub(sup.control),
+        admin=sub(sup.admin))
 
 
 def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigError]:
     errors = []
     named = [(f"supervisor.endpoints[{i}]", e) for i, e in enumerate(sup.endpoints)]
-    named += [("supervisor.control", sup.control),
+    named += [("supervisor.control", sup.control), ("supervisor.admin", sup.admin),
               ("supervisor.runtime_dir", f"ipc://{runtime_dir}/{PRIVATE_DIR}/backend.sock")]
+    seen: dict[str, str] = {}
     for path, endpoint in named:
+        if endpoint in seen:  # one socket cannot be two doors with two kinds of access
+            errors.append(ConfigError(path, f"{endpoint} is already {seen[endpoint]}"))
+        seen.setdefault(endpoint, path)
         scheme, sep, rest = endpoint.partition("://")
         if not sep or scheme not in ("ipc", "tcp"):
             errors.append(ConfigError(path, f'expected an ipc:// or tcp:// endpoint, got '
@@ -481,8 +564,10 @@ def is_loopback(endpoint: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
-def _exposed(path: str, endpoints: tuple[str, ...], control: str) -> list[ConfigError]:
-    """Plain TCP beyond loopback, or a TCP control socket, needs CURVE or insecure: true."""
+def _exposed(path: str, endpoints: tuple[str, ...], control: str,
+             admin: str) -> list[ConfigError]:
+    """Plain TCP beyond loopback, or a TCP control or admin socket, needs CURVE or
+    insecure: true."""
     errors = []
     for i, endpoint in enumerate(endpoints):
         if endpoint.startswith("tcp://") and not is_loopback(endpoint):
@@ -491,9 +576,14 @@ def _exposed(path: str, endpoints: tuple[str, ...], control: str) -> list[Config
                 "encryption or authentication: configure supervisor.curve, bind to loopback, "
                 "or write supervisor.insecure: true"))
     if control.startswith("tcp://"):
-        errors.append(ConfigError(f"{path}.control", "a TCP control endpoint can stop workers: "
-                                  "it needs supervisor.curve (or supervisor.insecure: true); "
-                                  "the default is an ipc socket"))
+        errors.append(ConfigError(f"{path}.control", "a TCP control endpoint shows every "
+                                  "model and worker: it needs supervisor.curve (or "
+                                  "supervisor.insecure: true); the default is an ipc socket"))
+    if admin.startswith("tcp://"):
+        errors.append(ConfigError(f"{path}.admin", "a TCP admin endpoint can recycle workers "
+                                  "and reload the config: it needs supervisor.curve with "
+                                  "admin_clients (or supervisor.insecure: true); the default "
+                                  "is an ipc socket"))
     return errors
 
 

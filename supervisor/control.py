@@ -1,4 +1,5 @@
-"""Control commands (status, recycle, reload) answered on the control socket."""
+"""Control commands: status on the control (status) and admin endpoints, recycle and reload
+on the admin endpoint only."""
 
 from __future__ import annotations
 
@@ -6,22 +7,34 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.core import Core
+from supervisor.policy import byte_limits, over_limits
 from supervisor.pool import WorkerHandle
 from supervisor.protocol import TensorSpec
+from supervisor.recycling import held_back
 from supervisor.sampling import read_memory
+
+# Commands that change what the daemon does; the status endpoint refuses them.
+ADMIN_COMMANDS = ("recycle", "reload")
 
 
 class Controller:
     def __init__(self, core: Core, reload: Callable[[], dict[str, Any]],
-                 serving: Callable[[], bool]) -> None:
+                 serving: Callable[[], bool], ready: Callable[[], bool]) -> None:
         self.core = core
         self.reload = reload
-        self.serving = serving
+        self.serving = serving  # past start-up (READY=1 sent) and not stopping
+        self.ready = ready  # serving, and every required model has a ready worker now
 
-    def handle(self, header: dict[str, Any], now: float) -> dict[str, Any]:
+    def handle(self, header: dict[str, Any], now: float, admin: bool) -> dict[str, Any]:
+        """``admin``: the command came in on the admin endpoint, the only one that may
+        change the service."""
         command = header.get("command")
         if command == "status":
             return {"ok": True, "result": self.status(now)}
+        if command in ADMIN_COMMANDS and not admin:
+            return {"ok": False, "error": f"{command!r} changes the service: send it to the "
+                    "admin endpoint (supervisor.admin), which only the service user, "
+                    "admin_group or curve.admin_clients may reach"}
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
@@ -42,22 +55,28 @@ class Controller:
         pool, router = self.core.pool, self.core.router
         models = {}
         for name, state in pool.models.items():
+            workers = [self._worker(w, now) for w in pool.of_model(name)]
             models[name] = {
-                "workers": [self._worker(w, now) for w in pool.of_model(name)],
+                "workers": workers,
                 "configured_workers": state.config.workers,
+                "required": state.config.required,
                 "queued": router.queued(name),
                 "in_flight": sum(1 for j in router.in_flight() if j.model == name),
                 "recycles": dict(state.recycles),
                 "last_recycle": _last_recycle(state.last_recycle, now),
+                "recycles_held_back": sum(1 for w in workers if w["recycle_held_back"]),
+                "exits": {str(cause): n for cause, n in state.exits.items()},
+                "last_unexpected_exit": _ago(state.last_unexpected_exit, now),
                 "memory_metric": state.config.policy.memory_metric,
                 "max_memory": state.config.policy.max_memory,
+                "limits": {str(r): v for r, v in byte_limits(state.config.policy)},
                 "policy_too_tight": state.churn >= 2,
                 "available": not state.unavailable,
                 "last_error": state.last_error,
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
-        return {"serving": self.serving(), "models": models}
+        return {"serving": self.serving(), "ready": self.ready(), "models": models}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))
@@ -67,10 +86,18 @@ class Controller:
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()
         a = worker.assessment
-        return {"id": worker.id, "pid": worker.pid, "state": worker.state.value,
+        policy = self.core.pool.models[worker.model].config.policy
+        held = held_back(self.core.pool, worker)
+        return {"id": worker.id, "slot": worker.slot, "role": str(worker.role),
+                "pid": worker.pid, "state": worker.state.value,
                 "rss": read_memory(worker.pid, "rss") if worker.pid else None,
                 "memory": last.memory if last else None,
                 "vram": last.vram if last else None,
+                # absolute limits its last sample is at or over (so it is on its way out)
+                "over_limits": [str(r) for r, _, _ in over_limits(
+                    last.memory if last else None, last.vram if last else None, policy)],
+                "recycle_held_back": {"reason": str(held[0]), "why": str(held[1])}
+                if held else None,
                 "tf_memory": worker.tf_memory,
                 "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
                 "in_flight": len(self.core.router.held_by(worker.id)),
@@ -83,6 +110,14 @@ class Controller:
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
     return None if specs is None else [s.to_wire() for s in specs]
+
+
+def _ago(event: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """A recorded event, its monotonic time ``at`` given as seconds ago."""
+    if event is None:
+        return None
+    return {**{k: v for k, v in event.items() if k != "at"},
+            "seconds_ago": round(now - event["at"], 1)}
 
 
 def _last_recycle(last: dict[str, Any] | None, now: float) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from supervisor import reload as reloading
 from supervisor.actions import Action, Reply, SampleNow
 from supervisor.config import Config
 from supervisor.history import Reading, Sample
-from supervisor.lifecycle import Lifecycle
+from supervisor.lifecycle import STOP_GRACE, Lifecycle
 from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import (
     BAD_REQUEST,
@@ -66,6 +66,9 @@ log = logs.get("daemon")
 MAX_TIMEOUT_MS = 365 * 86400 * 1000.0
 # What a worker may say about itself (its load error, say) that reaches logs and clients.
 MAX_WORKER_TEXT = 4096
+# After its last worker is stopped or killed, what the daemon's own exit may take: workers
+# reaped after SIGKILL (the daemon waits up to 5 s for each straggler), sockets closed.
+EXIT_MARGIN = 5.0
 
 
 class Refusal(Exception):
@@ -402,6 +405,15 @@ class Core:
                 self.lifecycle.kill(worker, Reason.SHUTDOWN, now)
             else:
                 self.lifecycle.stop(worker, Reason.SHUTDOWN, now)
+
+    def shutdown_deadline(self) -> float | None:
+        """When this shutdown is over at the latest (None while not shutting down): jobs get
+        shutdown_timeout, then every worker is stopped and SIGKILLed after STOP_GRACE, then
+        the daemon exits within EXIT_MARGIN. systemd is told to wait this long, no longer."""
+        if self.shutdown_started is None:
+            return None
+        return (self.shutdown_started + self.config.supervisor.shutdown_timeout + STOP_GRACE
+                + EXIT_MARGIN)
 
     @property
     def finished(self) -> bool:

@@ -15,20 +15,22 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from supervisor import logs, security, spawn
+from supervisor import logs, security, spawn, startup
 from supervisor.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.batching import job_rows, next_deadline
 from supervisor.config import Config, SupervisorSection, load_config
 from supervisor.control import Controller
 from supervisor.core import Core
-from supervisor.exitcodes import WorkerExit
+from supervisor.exitcodes import DaemonExit, WorkerExit
 from supervisor.instance import AlreadyRunning, InstanceLock
 from supervisor.monitor import Monitor
+from supervisor.output import WorkerOutput
 from supervisor.protocol import (
     CONTROL,
     ERROR,
@@ -103,13 +105,17 @@ class Daemon:
         self.context = zmq.Context()
         self.frontend = self.context.socket(zmq.ROUTER)
         self.backend = self.context.socket(zmq.ROUTER)
-        self.control = self.context.socket(zmq.ROUTER)
+        self.control = self.context.socket(zmq.ROUTER)  # status: read-only
+        self.admin = self.context.socket(zmq.ROUTER)  # recycle, reload: its own access
+        self.bound: list[Path] = []  # ipc socket files this daemon created
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
+        self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
         self.reporter = Reporter(self.core.pool, self.core.router, clock())
-        self.controller = Controller(self.core, self.reload,
-                                     lambda: self.reporter.serving and
-                                     self.core.shutdown_started is None)
+        self.controller = Controller(
+            self.core, self.reload,
+            serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
+            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None))
         self.signals = SignalInbox()
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
@@ -119,66 +125,89 @@ class Daemon:
     # --- setup ---------------------------------------------------------------------------
 
     def bind(self) -> None:
+        """Everything the start needs, in order; raises StartError (one cause, one exit
+        status) and leaves behind only what _close removes."""
         sup = self.config.supervisor
-        gid = security.prepare_runtime_dir(Path(self.config.runtime_dir), sup.socket_group)
-        self.instance.acquire()  # before any socket: never take over a live daemon's
-        private = Path(self.config.backend[len("ipc://"):]).parent
-        private.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
+        runtime = Path(self.config.runtime_dir)
+        with startup.step("socket_group"):
+            gid = security.group_id("socket_group", sup.socket_group)
+        with startup.step("admin_group"):
+            admin_gid = security.group_id("admin_group", sup.admin_group)
+        with startup.step(f"runtime dir {runtime}", runtime_dir=True):
+            security.prepare_runtime_dir(runtime, gid)
+            self.instance.acquire()  # before any socket: never take over a live daemon's
+            private = Path(self.config.backend[len("ipc://"):]).parent
+            private.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         # What ZeroMQ buffers before the door counts against memory too: a few messages per
         # client pipe (see docs/protocol.md for the bound this gives).
         self.frontend.setsockopt(zmq.RCVHWM, _receive_hwm(sup))
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        for sock in (self.frontend, self.backend, self.control):
+        for sock in self._sockets():
             sock.setsockopt(zmq.LINGER, 1000)
         if sup.curve.enabled:
-            self.zap = security.start_zap(self.context, sup.curve)
-            security.make_curve_server(self.frontend, sup.curve)
-            if sup.control.startswith("tcp://"):
-                security.make_curve_server(self.control, sup.curve)
+            self._curve(sup)
         for endpoint in sup.endpoints:
             self._bind(self.frontend, endpoint, gid)
         self._bind(self.backend, self.config.backend, None)
         self._bind(self.control, sup.control, gid)
+        self._bind(self.admin, sup.admin, admin_gid, shared=admin_gid is not None)
         if sup.metrics:
-            self.reporter.metrics.serve(sup.metrics)
+            with startup.step(f"metrics address {sup.metrics}"):
+                self.reporter.metrics.serve(sup.metrics)
 
-    @staticmethod
-    def _bind(sock: zmq.Socket[bytes], endpoint: str, gid: int | None) -> None:
-        if endpoint.startswith("ipc://"):
-            path = Path(endpoint[len("ipc://"):])
-            if path.is_socket():
+    def _curve(self, sup: SupervisorSection) -> None:
+        with startup.step("supervisor.curve"):
+            self.zap = security.start_zap(self.context, security.read_clients(sup.curve))
+            security.make_curve_server(self.frontend, sup.curve)
+            if sup.control.startswith("tcp://"):
+                security.make_curve_server(self.control, sup.curve)
+            if sup.admin.startswith("tcp://"):
+                security.make_curve_server(self.admin, sup.curve, security.ADMIN_DOMAIN)
+
+    def _bind(self, sock: zmq.Socket[bytes], endpoint: str, gid: int | None,
+              shared: bool = True) -> None:
+        path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+        with startup.step(f"endpoint {endpoint}", runtime_dir=path is not None):
+            if path is not None and path.is_socket():
                 if _listening(path):  # ZeroMQ would silently take it over
                     raise AlreadyRunning(f"{endpoint} is served by another live process; "
                                          "stop it first, or choose another endpoint")
                 path.unlink()  # left by a previous run that died
-        previous = os.umask(0o177)  # no moment when others could open the socket file
-        try:
-            sock.bind(endpoint)
-        finally:
-            os.umask(previous)
-        security.restrict_socket(endpoint, gid)
+            previous = os.umask(0o177)  # no moment when others could open the socket file
+            try:
+                sock.bind(endpoint)
+            finally:
+                os.umask(previous)
+            if path is not None:
+                self.bound.append(path)  # ours to remove at exit, and only those
+            security.restrict_socket(endpoint, gid, shared)
+
+    def _sockets(self) -> tuple[zmq.Socket[bytes], ...]:
+        return (self.frontend, self.backend, self.control, self.admin)
 
     # --- main loop -----------------------------------------------------------------------
 
     def run(self) -> int:
         try:
             self.bind()
-        except AlreadyRunning as exc:
-            log.error("supervisor_already_running", error=str(exc))
-            self.context.destroy(linger=0)
-            return 1
+        except startup.StartError as exc:
+            return self._failed_start(exc.code, exc.message)
+        except Exception as exc:  # a bug, not an operator's condition: keep the traceback
+            log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
+            return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
         log.info("supervisor_started", pid=os.getpid(), endpoints=list(
             self.config.supervisor.endpoints), control=self.config.supervisor.control,
             models=sorted(self.config.models))
         poller = zmq.Poller()
-        for sock in (self.frontend, self.backend, self.control):
+        for sock in self._sockets():
             poller.register(sock, zmq.POLLIN)
         poller.register(self.signals.fileno(), zmq.POLLIN)
         if self.zap is not None:
             poller.register(self.zap.zap_socket, zmq.POLLIN)
+        self.output.attach(poller)
         try:
             while not self.core.finished:
                 ready = dict(poller.poll(self._sleep_ms()))
@@ -189,13 +218,26 @@ class Daemon:
                     self._drain(self.frontend, self._on_frontend)
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
+                if self.admin in ready:
+                    self._drain(self.admin, self._on_admin)
                 if self.zap is not None and self.zap.zap_socket in ready:
                     self._guarded("zap_failed", self.zap.handle)
+                self._guarded("worker_output_failed",
+                              partial(self.output.read, ready, self.clock()))
                 self._guarded("housekeeping_failed", self.housekeeping)
         finally:
             self._close()
         log.info("supervisor_stopped")
-        return 0
+        return DaemonExit.OK
+
+    def _failed_start(self, code: DaemonExit, message: str, logged: bool = False) -> int:
+        """One error event and a documented status; nothing left behind that this daemon
+        created (sockets, lock), and nothing touched that another one owns."""
+        if not logged:
+            log.error("supervisor_start_failed", error=message, exit_code=int(code))
+        with contextlib.suppress(Exception):
+            self._close()
+        return code
 
     def _guarded(self, event: str, step: Callable[[], None]) -> None:
         """The daemon never dies of its own housekeeping: the error is logged, the loop goes
@@ -245,6 +287,7 @@ class Daemon:
             return
         self.next_housekeeping = now + HOUSEKEEPING
         self._reap(now)
+        self.output.tick(now)
         targets = self.core.poll_due(now)
         if targets is not None:
             pids = [pid for _, pid, _ in targets]
@@ -254,13 +297,15 @@ class Daemon:
             self.core.samples(now, readings, poll=True, host_available=available)
         self.core.tick(now)
         self._perform()
-        self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None)
+        self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None,
+                             self.core.shutdown_deadline())
 
     def _reap(self, now: float) -> None:
         for worker_id, process in list(self.processes.items()):
             code = process.poll()
             if code is not None:
                 del self.processes[worker_id]
+                self.output.finish(worker_id, now)  # its last lines before its exit event
                 self.core.exited(worker_id, code, now)
 
     # --- actions -------------------------------------------------------------------------
@@ -311,14 +356,23 @@ class Daemon:
         send(self.backend, [action.worker_id.encode(), *encode(pack_job(entries, action.pad_to))])
 
     def _spawn(self, action: Spawn) -> None:
+        capture: int | None = None
         try:
             secret = secrets.token_hex(16)
             spec = spawn.build_spec(self.core.config, action.model, action.worker_id,
                                     os.getpid(), self.log_format, secret)
+            # Under JSON logs every line must be JSON, so the worker's output comes through
+            # us (supervisor/output.py); it then logs JSON too ("auto" on a pipe). On a
+            # console a person reads it: the terminal is inherited and the TF lines, colours
+            # and progress bars show as they are, unwrapped and unthrottled.
+            if not logs.renders_console(self.log_format):
+                capture = self.output.open(action.worker_id, action.model, self.clock())
             process = subprocess.Popen(
                 spawn.worker_command(spec),
                 env=spawn.worker_env(self.core.config, spec, os.environ),
                 stdin=subprocess.DEVNULL,
+                stdout=capture,
+                stderr=subprocess.STDOUT if capture is not None else None,
                 # Own process group: a Ctrl-C on the terminal reaches the supervisor only,
                 # which then drains its workers instead of having them die mid-job.
                 process_group=0,
@@ -329,8 +383,12 @@ class Daemon:
                     f"{exc}"
             log.error("worker_spawn_failed", model=action.model, worker=action.worker_id,
                       error=error)
+            self.output.finish(action.worker_id, self.clock())
             self.core.exited(action.worker_id, WorkerExit.SPAWN_FAILED, self.clock(), error)
             return
+        finally:
+            if capture is not None:
+                os.close(capture)  # the worker has its copy: its exit ends the stream
         self.processes[action.worker_id] = process
         self.core.spawned(action.worker_id, process.pid, secret)
 
@@ -356,15 +414,21 @@ class Daemon:
         self.core.worker_message(identity, frames[1:], self.clock())
 
     def _on_control(self, frames: list[Frame]) -> None:
+        self._command(self.control, frames, admin=False)
+
+    def _on_admin(self, frames: list[Frame]) -> None:
+        self._command(self.admin, frames, admin=True)
+
+    def _command(self, sock: zmq.Socket[bytes], frames: list[Frame], admin: bool) -> None:
         envelope, body = split_envelope(frames)
         try:
             msg = decode(body)
             if msg.kind != CONTROL:
                 raise ProtocolError("the control socket takes control messages only")
-            result = self.controller.handle(msg.header, self.clock())
+            result = self.controller.handle(msg.header, self.clock(), admin)
         except ProtocolError as exc:
             result = {"ok": False, "error": str(exc)}
-        send(self.control, [*envelope, *encode(Message(CONTROL, b"", result))])
+        send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
 
     # --- signals, reload and shutdown ----------------------------------------------------
 
@@ -377,6 +441,10 @@ class Daemon:
                 self.reload()
 
     def reload(self) -> dict[str, Any]:
+        """SIGHUP or the reload command; its outcome is counted in the metrics."""
+        return self.reporter.reloaded(self._reload())
+
+    def _reload(self) -> dict[str, Any]:
         """Re-read the config file and apply it in place. Anything wrong with the file, or
         any failure while reading it, changes nothing and is logged as config_rejected."""
         path = self.config.path
@@ -384,8 +452,14 @@ class Daemon:
             return {"ok": False, "error": "this supervisor was not started from a file"}
         try:
             new = load_config(path)
-        except ConfigErrors as errors:
-            messages = [str(e) for e in errors.errors]
+            # Keys are read whole before anything changes: a directory that cannot be read
+            # must not leave the old keys (a revoked client) admitted. The socket settings,
+            # key paths among them, stay those of the running config (reload.effective).
+            keys = security.read_clients(self.config.supervisor.curve) \
+                if self.zap is not None else {}
+        except (ConfigErrors, security.KeyDirError) as errors:
+            messages = [str(e) for e in errors.errors] \
+                if isinstance(errors, ConfigErrors) else [str(errors)]
             log.error("config_rejected", path=str(path), errors=messages)
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages)}
@@ -397,7 +471,7 @@ class Daemon:
         changes = self.core.reload(new, self.clock())
         self.config = self.core.config
         if self.zap is not None:
-            security.load_clients(self.zap, self.config.supervisor.curve)
+            security.install_clients(self.zap, keys)
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(path), **changes.summary())
         if changes.restart_required:
@@ -413,16 +487,19 @@ class Daemon:
         for process in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
+        try:
+            self.output.finish_all(self.clock())
+        except Exception:  # the sockets and the instance lock must still be released
+            log.exception("worker_output_failed")
         if self.zap is not None:
             self.zap.close()
-        for sock in (self.frontend, self.backend, self.control):
+        for sock in self._sockets():
             sock.close(linger=1000)
         self.context.term()
+        self.reporter.metrics.close()
         self.reporter.notifier.close()
-        for endpoint in (*self.config.supervisor.endpoints, self.config.supervisor.control,
-                         self.config.backend):
-            if endpoint.startswith("ipc://"):
-                Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+        for path in self.bound:
+            path.unlink(missing_ok=True)
         self.instance.release()  # last: the sockets are gone, another daemon may start
 
     def _refuse_latecomers(self) -> None:

@@ -30,3 +30,16 @@ def describe_exit(returncode: int) -> str:
         return f"exit {returncode} ({WorkerExit(returncode).name})"
     except ValueError:
         return f"exit {returncode}"
+
+
+class DaemonExit(IntEnum):
+    """`tfsupervisor run`'s exit status (docs/operations.md). The systemd unit lists those a
+    restart cannot fix in RestartPreventExitStatus=."""
+
+    OK = 0  # stopped by a signal, after draining
+    CONFIG = 1  # the config, a key file or a group it names cannot be used
+    USAGE = 2  # a bad command line (argparse's own status)
+    ALREADY_RUNNING = 3  # another live supervisor owns the runtime dir or an ipc endpoint
+    ADDRESS_IN_USE = 4  # a TCP endpoint or the metrics port is taken or not available here
+    RUNTIME_DIR = 5  # the runtime dir, or a socket in it, cannot be created or written
+    START_FAILED = 6  # anything else that stopped the start; the event says what

@@ -12,7 +12,6 @@ holding jobs gives them back the same way. Nothing here touches a process: ``Sto
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 from supervisor import logs
@@ -20,7 +19,7 @@ from supervisor.actions import Action, Kill, Stop
 from supervisor.exitcodes import WorkerExit, describe_exit
 from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import UNAVAILABLE
-from supervisor.reasons import Reason
+from supervisor.reasons import ExitCause, Reason, exit_cause
 from supervisor.router import Router
 
 log = logs.get("pool")
@@ -66,7 +65,7 @@ class Lifecycle:
         """SIGKILL; its jobs are taken back at once (a dying worker's answers are dropped)."""
         if worker.state is State.GONE or worker.killed:
             return
-        worker.killed = True
+        worker.kill_reason = reason
         worker.reason = worker.reason or reason
         worker.state = State.STOPPING
         worker.stop_deadline = None
@@ -93,6 +92,7 @@ class Lifecycle:
         if self.pool.workers.get(worker.id) is not worker:
             return
         del self.pool.workers[worker.id]
+        told = worker.state is State.STOPPING  # told to exit, killed, or said it would
         worker.state = State.GONE
         # A worker that never came up in time failed to boot, even though we killed it.
         asked = worker.reason is not None and worker.reason is not Reason.START_TIMEOUT
@@ -102,7 +102,10 @@ class Lifecycle:
         why = f"worker {worker.id} (pid {worker.pid}) exited ({describe_exit(code)}) " \
               "with jobs in hand"
         self._lose_jobs(worker, why, worker.reason if asked and worker.reason else Reason.DIED)
-        self._log_exit(worker, code, now, asked)
+        cause = exit_cause(worker.reason, worker.kill_reason, told, worker.ready_at is not None,
+                           code)
+        self.pool.count_exit(worker, cause, code, now)
+        self._log_exit(worker, code, now, asked, cause)
 
     def _lose_jobs(self, worker: WorkerHandle, why: str, cause: Reason) -> None:
         if not self.router.held_by(worker.id):
@@ -115,12 +118,14 @@ class Lifecycle:
                     why=why, requeued=requeued, failed=failed,
                     max_attempts=policy.max_attempts)
 
-    def _log_exit(self, worker: WorkerHandle, code: int, now: float, asked: bool) -> None:
+    def _log_exit(self, worker: WorkerHandle, code: int, now: float, asked: bool,
+                  cause: ExitCause) -> None:
         state = self.pool.models[worker.model]
         fields: dict[str, Any] = {"model": worker.model, "worker": worker.id, "pid": worker.pid,
-                                  "exit": describe_exit(code), "jobs": worker.jobs,
+                                  "slot": worker.slot, "exit": describe_exit(code),
+                                  "cause": cause.value, "jobs": worker.jobs,
                                   "age_seconds": round(now - worker.started_at, 1)}
-        if code == -signal.SIGKILL and not worker.killed:
+        if cause is ExitCause.KILLED_EXTERNALLY:
             fields["note"] = "possible OOM kill"
         if worker.ready_at is None and not asked:
             was_available = not state.unavailable
@@ -167,19 +172,19 @@ class Lifecycle:
 
     def _scale_down(self, model: str, now: float) -> None:
         """Fewer workers configured (a reload): starting ones stop first, then the oldest
-        ready ones are replaced by nobody and drained by ``_advance``."""
+        ready ones are replaced by nobody and drained by ``_advance``; the workers that stay
+        keep (or move to) slots below the new count."""
         state = self.pool.models[model]
-        excess = self.pool.serving_slots(model) - state.config.workers
-        if excess <= 0:
-            return
-        live = [w for w in self.pool.of_model(model)
-                if w.state in (State.STARTING, State.READY) and not w.leaving]
-        live.sort(key=lambda w: (w.state is State.READY, w.started_at))
-        for worker in live[:excess]:
-            if worker.state is State.STARTING:
-                self.stop(worker, Reason.SCALE_DOWN, now)
-            else:
-                self.replace(worker, Reason.SCALE_DOWN, now)
+        live = self.pool.current(model)
+        excess = len(live) - state.config.workers
+        if excess > 0:
+            live.sort(key=lambda w: (w.state is State.READY, w.started_at))
+            for worker in live[:excess]:
+                if worker.state is State.STARTING:
+                    self.stop(worker, Reason.SCALE_DOWN, now)
+                else:
+                    self.replace(worker, Reason.SCALE_DOWN, now)
+        self.pool.settle_slots(model)
 
     def _drain_progress(self, worker: WorkerHandle, now: float) -> None:
         held = self.router.held_by(worker.id)

@@ -16,8 +16,7 @@ LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNI
 
 def configure(level: str = "info", fmt: str = "auto", **bound: Any) -> None:
     """Set up structlog once per process; ``bound`` fields go on every event."""
-    use_console = sys.stderr.isatty() if fmt == "auto" else fmt == "console"
-    renderer: Any = (structlog.dev.ConsoleRenderer(colors=True) if use_console
+    renderer: Any = (structlog.dev.ConsoleRenderer(colors=True) if renders_console(fmt)
                      else structlog.processors.JSONRenderer())
     structlog.configure(
         processors=[
@@ -33,6 +32,17 @@ def configure(level: str = "info", fmt: str = "auto", **bound: Any) -> None:
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**bound)
+
+
+def renders_console(fmt: str) -> bool:
+    """Whether ``fmt`` (auto, console or json) means console rendering in this process."""
+    return sys.stderr.isatty() if fmt == "auto" else fmt == "console"
+
+
+def write_line(line: str) -> None:
+    """One already rendered line to the log stream, as structlog writes its own (flushed, so
+    it stays in order with them)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def get(name: str) -> Any:

@@ -3,55 +3,167 @@
 Gauges about workers and queues are not kept twice: the main loop publishes an immutable
 snapshot of the pool every poll, and the scrape thread reads only that. Counters and
 histograms for jobs are updated where jobs are answered (prometheus_client is thread-safe).
-No job ids in labels; worker ids are labels, so each recycle starts new series, as pod
-names do under Kubernetes.
+
+Label values come from closed or configured sets only, so the number of series is bounded
+whatever the traffic and however often workers are recycled: no job ids, and no worker ids
+either. Per-worker series are labelled by the worker's stable *slot* (0..workers-1, a
+replacement takes the slot of the worker it replaces) and its *role* in it: ``current``
+(starting or serving, staying) or ``outgoing`` (on its way out, e.g. serving on or draining
+while its replacement warms up). So a model has at most two series per slot and family. In
+the rare case of several outgoing workers in one slot (a replacement that had to go before
+its predecessor was gone) they are added up in one series: memory, VRAM and jobs summed,
+baseline and growth the largest. Worker ids are in `status` and the logs.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import platform
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from supervisor.pool import Pool, State
+from supervisor.config import PolicyConfig
+from supervisor.policy import byte_limits
+from supervisor.pool import Pool, State, WorkerHandle
+from supervisor.reasons import ExitCause
+from supervisor.recycling import held_back
 from supervisor.router import Router
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                    10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+Number = TypeVar("Number", int, float)
+
+
+# Reload outcomes (tfsupervisor_config_reloads_total): the running config is kept on reject.
+RELOAD_OUTCOMES = ("applied", "rejected")
+# Worker states that are counted; GONE workers have left the registry, so never counted.
+COUNTED_STATES = tuple(s for s in State if s is not State.GONE)
 
 
 @dataclass(frozen=True)
-class WorkerRow:
+class SlotRow:
+    """One (model, slot, role) series set: one worker, or the outgoing ones of a slot."""
+
     model: str
-    worker: str
-    state: str
+    slot: int
+    role: str
     memory_metric: str
     memory: int | None
-    rss_growth_per_hour: float | None
-    growth_per_1k_jobs: float | None
     vram: int | None
+    baseline: int | None
+    growth_per_hour: float | None
+    growth_per_1k_jobs: float | None
     jobs: int
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.model, str(self.slot), self.role]
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model: str
+    configured: int
+    available: bool
+    queued: int
+    held_back: int  # recycles the policy wants that wait (recycling.held_back)
+    states: tuple[tuple[str, int], ...]  # (state, workers), non-zero ones and always ready
+    recycles: tuple[tuple[str, int], ...]  # (reason, count) of those that happened
+    exits: tuple[tuple[str, int], ...]  # (cause, count), every cause that can happen
+    limits: tuple[tuple[str, int], ...]  # (limit, bytes) of those set
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    workers: tuple[WorkerRow, ...] = ()
-    queued: tuple[tuple[str, int], ...] = ()
-    recycles: tuple[tuple[str, str, int], ...] = ()  # model, reason, count
-    available: tuple[tuple[str, bool], ...] = ()
+    slots: tuple[SlotRow, ...] = ()
+    models: tuple[ModelRow, ...] = ()
+
+
+def slot_rows(pool: Pool) -> tuple[SlotRow, ...]:
+    """Per-worker figures by (model, slot, role): one row per label set, never two."""
+    groups: dict[tuple[str, int, str], list[WorkerHandle]] = {}
+    for worker in pool.workers.values():
+        groups.setdefault((worker.model, worker.slot, str(worker.role)), []).append(worker)
+    rows = []
+    for (model, slot, role), workers in sorted(groups.items()):
+        a = [w.assessment for w in workers]
+        # Figures as `status` shows them: the last sample (a killed worker is not judged).
+        last = [w.history.last() for w in workers]
+        rows.append(SlotRow(
+            model, slot, role, pool.models[model].config.policy.memory_metric,
+            memory=_sum([s.memory if s else None for s in last]),
+            vram=_sum([s.vram if s else None for s in last]),
+            baseline=_max([x.baseline for x in a]),
+            growth_per_hour=_max([x.growth_per_hour for x in a]),
+            growth_per_1k_jobs=_max([x.growth_per_1k_jobs for x in a]),
+            jobs=sum(w.jobs for w in workers)))
+    return tuple(rows)
+
+
+def model_rows(pool: Pool, router: Router) -> tuple[ModelRow, ...]:
+    rows = []
+    for name, state in pool.models.items():
+        workers = list(pool.of_model(name))
+        states = tuple((s.value, n) for s in COUNTED_STATES
+                       if (n := sum(1 for w in workers if w.state is s)) or s is State.READY)
+        rows.append(ModelRow(
+            name, state.config.workers, not state.unavailable, router.queued(name),
+            held_back=sum(1 for w in workers if held_back(pool, w) is not None),
+            states=states, recycles=tuple(sorted(state.recycles.items())),
+            exits=tuple((c.value, state.exits.get(c, 0)) for c in ExitCause
+                        if state.exits.get(c) or _can_happen(c, state.config.policy)),
+            limits=tuple((r.value, v) for r, v in byte_limits(state.config.policy))))
+    return tuple(rows)
+
+
+def _can_happen(cause: ExitCause, policy: PolicyConfig) -> bool:
+    """Exit causes are counted from 0 (so increase() sees the first one), except those the
+    model's policy rules out: they would be series that are always 0."""
+    if cause is ExitCause.JOB_TIMEOUT:
+        return policy.job_timeout is not None
+    if cause is ExitCause.KILLED_OVER_LIMIT:
+        return bool(byte_limits(policy))
+    return True
+
+
+def _sum(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _max(values: Sequence[Number | None]) -> Number | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _version() -> str:
+    try:
+        return version("tfsupervisor")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class Metrics(Collector):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.snapshot = Snapshot()
+        self.server: WSGIServer | None = None
         self.jobs = Counter("tfsupervisor_jobs", "Jobs answered, by model and outcome (ok or "
                             "an error code).", ["model", "outcome"], registry=self.registry)
         self.latency = Histogram("tfsupervisor_job_latency_seconds", "From a job's arrival to "
@@ -62,6 +174,18 @@ class Metrics(Collector):
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("tfsupervisor_batch_size", "Rows per dispatched batch.",
                                     ["model"], buckets=BATCH_BUCKETS, registry=self.registry)
+        self.reloads = Counter("tfsupervisor_config_reloads", "Config reloads by outcome "
+                               "(rejected: the running config was kept).", ["outcome"],
+                               registry=self.registry)
+        for outcome in RELOAD_OUTCOMES:  # at 0 from the start: increase() sees the first one
+            self.reloads.labels(outcome)
+        self.loaded = Gauge("tfsupervisor_config_last_reload_success_timestamp_seconds",
+                            "When the running config was loaded: at start, or by the last "
+                            "applied reload (Unix time).", registry=self.registry)
+        self.loaded.set_to_current_time()
+        Info("tfsupervisor_build", "The running supervisor's version and Python.",
+             registry=self.registry).info({"version": _version(),
+                                           "python": platform.python_version()})
         ProcessCollector(namespace="tfsupervisor", registry=self.registry)
         self.registry.register(self)
 
@@ -81,65 +205,90 @@ class Metrics(Collector):
         for wait in waits:
             queue_wait.observe(wait)
 
+    def reloaded(self, applied: bool) -> None:
+        self.reloads.labels(RELOAD_OUTCOMES[0] if applied else RELOAD_OUTCOMES[1]).inc()
+        if applied:
+            self.loaded.set_to_current_time()
+
     def serve(self, address: str) -> None:
         host, _, port = address.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
-                          registry=self.registry)
+        self.server, _ = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
+                                           registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving /metrics (at exit, and after a start that failed later on)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
 
     def publish(self, pool: Pool, router: Router) -> None:
         """Called from the main loop: replace the snapshot the scrape thread reads."""
-        workers = tuple(
-            WorkerRow(w.model, w.id, w.state.value,
-                      pool.models[w.model].config.policy.memory_metric,
-                      w.assessment.memory, w.assessment.growth_per_hour,
-                      w.assessment.growth_per_1k_jobs, w.assessment.vram, w.jobs)
-            for w in pool.workers.values())
-        self.snapshot = Snapshot(
-            workers=workers,
-            queued=tuple((m, router.queued(m)) for m in pool.models),
-            recycles=tuple((m, r, n) for m, s in pool.models.items()
-                           for r, n in s.recycles.items()),
-            available=tuple((m, not s.unavailable) for m, s in pool.models.items()))
+        self.snapshot = Snapshot(slot_rows(pool), model_rows(pool, router))
 
     def collect(self) -> Iterable[Metric]:
-        snap = self.snapshot
-        memory = GaugeMetricFamily("tfsupervisor_worker_memory_bytes", "Worker memory by the "
-                                   "model's memory_metric (rss, uss or pss).",
-                                   labels=["model", "worker", "metric"])
-        vram = GaugeMetricFamily("tfsupervisor_worker_vram_bytes", "Worker GPU memory (NVML).",
-                                 labels=["model", "worker"])
-        slope = GaugeMetricFamily("tfsupervisor_worker_growth_bytes_per_hour", "Robust memory "
-                                  "growth trend after warm-up.", labels=["model", "worker"])
-        slope_jobs = GaugeMetricFamily("tfsupervisor_worker_growth_bytes_per_1k_jobs", "Robust "
-                                       "memory growth per 1000 jobs after warm-up.",
-                                       labels=["model", "worker"])
-        jobs = CounterMetricFamily("tfsupervisor_worker_jobs", "Jobs answered by the worker.",
-                                   labels=["model", "worker"])
-        states = GaugeMetricFamily("tfsupervisor_workers", "Workers by state.",
-                                   labels=["model", "state"])
-        for row in snap.workers:
-            if row.memory is not None:
-                memory.add_metric([row.model, row.worker, row.memory_metric], row.memory)
-            if row.vram is not None:
-                vram.add_metric([row.model, row.worker], row.vram)
-            if row.rss_growth_per_hour is not None:
-                slope.add_metric([row.model, row.worker], row.rss_growth_per_hour)
-            if row.growth_per_1k_jobs is not None:
-                slope_jobs.add_metric([row.model, row.worker], row.growth_per_1k_jobs)
-            jobs.add_metric([row.model, row.worker], row.jobs)
-        for model, _ in snap.queued:
-            for state in State:
-                count = sum(1 for r in snap.workers if r.model == model and r.state == state.value)
-                states.add_metric([model, state.value], count)
-        queue = GaugeMetricFamily("tfsupervisor_queue_depth", "Jobs queued.", labels=["model"])
-        for model, depth in snap.queued:
-            queue.add_metric([model], depth)
-        recycles = CounterMetricFamily("tfsupervisor_recycles", "Worker recycles by reason.",
-                                       labels=["model", "reason"])
-        for model, reason, count in snap.recycles:
-            recycles.add_metric([model, reason], count)
-        available = GaugeMetricFamily("tfsupervisor_model_available", "1 while the model can "
-                                      "be served.", labels=["model"])
-        for model, ok in snap.available:
-            available.add_metric([model], 1.0 if ok else 0.0)
-        yield from (memory, vram, slope, slope_jobs, jobs, states, queue, recycles, available)
+        return families(self.snapshot)
+
+
+def families(snap: Snapshot) -> list[Metric]:
+    """The snapshot as metric families (a family without samples still says it exists)."""
+    slot = ["model", "slot", "role"]
+    memory = GaugeMetricFamily("tfsupervisor_worker_memory_bytes", "Worker memory by the "
+                               "model's memory_metric (rss, uss or pss), per slot and role.",
+                               labels=[*slot, "metric"])
+    baseline = GaugeMetricFamily("tfsupervisor_worker_baseline_bytes", "Worker memory at its "
+                                 "first sample after the policy's warm-up.",
+                                 labels=[*slot, "metric"])
+    vram = GaugeMetricFamily("tfsupervisor_worker_vram_bytes", "Worker GPU memory (NVML).",
+                             labels=slot)
+    slope = GaugeMetricFamily("tfsupervisor_worker_growth_bytes_per_hour", "Robust memory "
+                              "growth trend after warm-up.", labels=slot)
+    slope_jobs = GaugeMetricFamily("tfsupervisor_worker_growth_bytes_per_1k_jobs", "Robust "
+                                   "memory growth per 1000 jobs after warm-up.", labels=slot)
+    jobs = CounterMetricFamily("tfsupervisor_worker_jobs", "Jobs answered by the slot's worker "
+                               "(starts again from 0 when a new worker takes the slot).",
+                               labels=slot)
+    for row in snap.slots:
+        if row.memory is not None:
+            memory.add_metric([*row.labels, row.memory_metric], row.memory)
+        if row.baseline is not None:
+            baseline.add_metric([*row.labels, row.memory_metric], row.baseline)
+        if row.vram is not None:
+            vram.add_metric(row.labels, row.vram)
+        if row.growth_per_hour is not None:
+            slope.add_metric(row.labels, row.growth_per_hour)
+        if row.growth_per_1k_jobs is not None:
+            slope_jobs.add_metric(row.labels, row.growth_per_1k_jobs)
+        jobs.add_metric(row.labels, row.jobs)
+    states = GaugeMetricFamily("tfsupervisor_workers", "Workers by state (ready always, other "
+                               "states while there are any).", labels=["model", "state"])
+    configured = GaugeMetricFamily("tfsupervisor_workers_configured", "Workers the model is "
+                                   "configured to have.", labels=["model"])
+    queue = GaugeMetricFamily("tfsupervisor_queue_depth", "Jobs queued.", labels=["model"])
+    recycles = CounterMetricFamily("tfsupervisor_recycles", "Worker recycles by reason.",
+                                   labels=["model", "reason"])
+    held = GaugeMetricFamily("tfsupervisor_recycles_held_back", "Recycles the policy wants "
+                             "that wait: max_concurrent_recycles already under way, or the "
+                             "replacement failing to start (back-off).", labels=["model"])
+    exits = CounterMetricFamily("tfsupervisor_worker_exits", "Worker processes that ended, by "
+                                "cause (docs/operations.md).", labels=["model", "cause"])
+    limits = GaugeMetricFamily("tfsupervisor_policy_limit_bytes", "Absolute limits set in the "
+                               "model's policy (max_memory and kill_memory in its "
+                               "memory_metric, max_vram).", labels=["model", "limit"])
+    available = GaugeMetricFamily("tfsupervisor_model_available", "1 while the model can "
+                                  "be served.", labels=["model"])
+    for m in snap.models:
+        for state, count in m.states:
+            states.add_metric([m.model, state], count)
+        configured.add_metric([m.model], m.configured)
+        queue.add_metric([m.model], m.queued)
+        for reason, count in m.recycles:
+            recycles.add_metric([m.model, reason], count)
+        held.add_metric([m.model], m.held_back)
+        for cause, count in m.exits:
+            exits.add_metric([m.model, cause], count)
+        for limit, value in m.limits:
+            limits.add_metric([m.model, limit], value)
+        available.add_metric([m.model], 1.0 if m.available else 0.0)
+    return [memory, baseline, vram, slope, slope_jobs, jobs, states, configured, queue,
+            recycles, held, exits, limits, available]

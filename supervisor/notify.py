@@ -2,7 +2,9 @@
 
 Under systemd (Type=notify) the daemon says READY=1 once its workers are warm, keeps a
 STATUS= line current, pings WATCHDOG=1 from its main loop (so a wedged loop gets the unit
-restarted), brackets reloads with RELOADING=1 / READY=1 and says STOPPING=1 on shutdown.
+restarted), brackets reloads with RELOADING=1 / READY=1, says STOPPING=1 on shutdown and,
+while it drains, EXTEND_TIMEOUT_USEC= so that a drain longer than TimeoutStopSec is not
+killed half-way (supervisor.reporting decides how far, never past its own deadline).
 Outside systemd every call is a no-op.
 """
 
@@ -56,6 +58,15 @@ class Notifier:
 
     def stopping(self) -> bool:
         return self.send("STOPPING=1")
+
+    def extend_timeout(self, usec: int) -> bool:
+        """Ask systemd to wait ``usec`` more (from now) for the current state to end: for a
+        stop, the kill at TimeoutStopSec moves to now + usec when that is later. It holds
+        until the next message or until the time runs out, so it is sent again while
+        progress is made."""
+        if usec <= 0:
+            raise ValueError(f"EXTEND_TIMEOUT_USEC must be a positive number, got {usec}")
+        return self.send(f"EXTEND_TIMEOUT_USEC={int(usec)}")
 
     def close(self) -> None:
         if self.sock is not None:

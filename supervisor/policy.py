@@ -32,7 +32,7 @@ from supervisor.reasons import Reason
 
 MIN_TREND_SAMPLES = 6
 # How many standard errors a slope must clear its limit by: noise alone must not recycle.
-CONFIDENCE_Z = 3.0
+CONFIDENCE_Z = 4.0
 
 
 class Action(Enum):
@@ -50,6 +50,8 @@ class WorkerFacts:
     jitter: float  # this worker's fraction off max_jobs / max_age
     trend_streak: int = 0  # consecutive evaluations a trend limit was over
     ready_at: float | None = None  # warm-up counts from here (spawn time if not given)
+    baseline: int | None = None  # as measured once before (the history is bounded: its
+    # oldest warmed-up sample moves on, the first one does not)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Slope:
     stderr: float  # robust standard error of ``value`` (MAD of the residuals)
 
     def confidently_over(self, limit: float) -> bool:
-        """Over the limit beyond noise (3 standard errors), in both halves as well."""
+        """Over the limit beyond noise (CONFIDENCE_Z standard errors), in both halves as well."""
         return self.value - CONFIDENCE_Z * self.stderr > limit and \
             min(self.first_half, self.second_half) > limit
 
@@ -74,7 +76,9 @@ class Assessment:
 
     memory: int | None = None
     vram: int | None = None
-    baseline: int | None = None  # first memory sample after warm-up
+    # The worker's memory at its first sample after the policy's warm-up (warmup_jobs and
+    # warmup_seconds after ready), kept for its life: what max_memory is tuned against.
+    baseline: int | None = None
     warmed_up: bool = False
     window: int = 0  # samples in the trend window
     growth_per_1k_jobs: float | None = None  # bytes
@@ -168,7 +172,8 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     assessment = Assessment(
         memory=last.memory if last else None,
         vram=last.vram if last else None,
-        baseline=after[0].memory if after else None,
+        baseline=facts.baseline if facts.baseline is not None else
+        (after[0].memory if after else None),
         warmed_up=bool(after),
         window=len(window) if enough else 0,
         growth_per_1k_jobs=per_job.value * 1000 if per_job else None,
@@ -198,18 +203,31 @@ def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     return Verdict(Action.RECYCLE, reason, detail, assessment, streak)
 
 
+def byte_limits(policy: PolicyConfig) -> list[tuple[Reason, int]]:
+    """The absolute limits that are set, most urgent first, named by the Reason they give."""
+    limits = [(Reason.KILL_MEMORY, policy.kill_memory), (Reason.MAX_MEMORY, policy.max_memory),
+              (Reason.MAX_VRAM, policy.max_vram)]
+    return [(reason, limit) for reason, limit in limits if limit is not None]
+
+
+def over_limits(memory: int | None, vram: int | None,
+                policy: PolicyConfig) -> list[tuple[Reason, int, int]]:
+    """(limit, figure, limit value) for each absolute limit these figures are at or over."""
+    crossed = []
+    for reason, limit in byte_limits(policy):
+        value = vram if reason is Reason.MAX_VRAM else memory
+        if value is not None and value >= limit:
+            crossed.append((reason, value, limit))
+    return crossed
+
+
 def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
             now: float) -> tuple[Action, Reason, str] | None:
     """Hard and lifetime limits: they apply before warm-up too."""
-    if policy.kill_memory is not None and a.memory is not None and a.memory >= policy.kill_memory:
-        return Action.KILL, Reason.KILL_MEMORY, \
-            f"memory {a.memory} >= kill_memory {policy.kill_memory}"
-    if policy.max_memory is not None and a.memory is not None and a.memory >= policy.max_memory:
-        return Action.RECYCLE, Reason.MAX_MEMORY, \
-            f"memory {a.memory} >= max_memory {policy.max_memory}"
-    if policy.max_vram is not None and a.vram is not None and a.vram >= policy.max_vram:
-        return Action.RECYCLE, Reason.MAX_VRAM, \
-            f"VRAM {a.vram} >= max_vram {policy.max_vram}"
+    for reason, value, limit in over_limits(a.memory, a.vram, policy)[:1]:
+        action = Action.KILL if reason is Reason.KILL_MEMORY else Action.RECYCLE
+        figure = "VRAM" if reason is Reason.MAX_VRAM else "memory"
+        return action, reason, f"{figure} {value} >= {reason.value} {limit}"
     scale = 1.0 - facts.jitter
     if policy.max_jobs is not None and facts.jobs >= policy.max_jobs * scale:
         return Action.RECYCLE, Reason.MAX_JOBS, \

@@ -8,20 +8,22 @@ are not kept here: they follow from the router's in-flight table.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Any
 
 from supervisor import logs
 from supervisor.actions import Action, Spawn
 from supervisor.config import Config, ModelConfig
+from supervisor.exitcodes import describe_exit
 from supervisor.history import History
 from supervisor.policy import Assessment
 from supervisor.protocol import TensorSpec
-from supervisor.reasons import Reason
+from supervisor.reasons import ExitCause, Reason
 
 log = logs.get("pool")
 
@@ -37,10 +39,18 @@ class State(Enum):
     GONE = "gone"  # exited and reaped
 
 
+class Role(StrEnum):
+    """A worker's place in its slot (metrics label series by model, slot and role)."""
+
+    CURRENT = "current"  # starting or serving, and staying: at most one per slot
+    OUTGOING = "outgoing"  # on its way out (serving on until replaced, draining, stopping)
+
+
 @dataclass(eq=False)
 class WorkerHandle:
     id: str
     model: str
+    slot: int  # a stable place in the model's pool, 0..workers-1: what metrics are labelled by
     started_at: float
     jitter: float  # this worker's fraction off max_jobs / max_age, drawn once
     heartbeat_timeout: float  # judged against the interval it was started with
@@ -55,17 +65,30 @@ class WorkerHandle:
     reason: Reason | None = None  # set once, when its way out begins
     stop_deadline: float | None = None
     drain_deadline: float | None = None
-    killed: bool = False
+    kill_reason: Reason | None = None  # why the supervisor sent SIGKILL, once it has
     fresh: bool = True  # not yet judged since it became ready
     history: History = field(default_factory=History)
     assessment: Assessment = field(default_factory=Assessment)  # the policy's latest numbers
     trend_streak: int = 0  # consecutive evaluations over a trend limit
+    # A recycle the policy wants at its last judgement that waits for a free recycle slot
+    # (max_concurrent_recycles); None once it starts or is no longer wanted.
+    held_back: Reason | None = None
 
     @property
     def leaving(self) -> bool:
         """On its way out. A READY worker that is leaving serves on until its replacement
         is ready (surge); no other leaving worker is sent anything."""
         return self.reason is not None
+
+    @property
+    def killed(self) -> bool:
+        return self.kill_reason is not None
+
+    @property
+    def role(self) -> Role:
+        """A worker stops being its slot's current one when its way out begins, and never
+        becomes it again (``reason`` is set once)."""
+        return Role.OUTGOING if self.leaving else Role.CURRENT
 
 
 @dataclass
@@ -85,6 +108,8 @@ class ModelState:
     next_alarm: float = 0.0  # policy_too_tight is repeated no more often than this
     next_seq: int = 1
     removed: bool = False  # dropped by a reload: finish its queue, drain, spawn none
+    exits: dict[ExitCause, int] = field(default_factory=dict)  # bounded: a closed set
+    last_unexpected_exit: dict[str, Any] | None = None
 
     @property
     def unavailable(self) -> bool:
@@ -114,17 +139,38 @@ class Pool:
 
     def serving_slots(self, model: str) -> int:
         """Workers that count towards the configured number: starting or ready, not leaving."""
-        return sum(1 for w in self.of_model(model)
-                   if w.state in (State.STARTING, State.READY) and not w.leaving)
+        return len(self.current(model))
 
     # --- spawning ------------------------------------------------------------------------
+
+    def current(self, model: str) -> list[WorkerHandle]:
+        """Workers that hold their slot: starting or ready, not leaving."""
+        return [w for w in self.of_model(model) if w.state in (State.STARTING, State.READY)
+                and not w.leaving]
+
+    def free_slot(self, model: str) -> int:
+        """The lowest slot no current worker holds: a replacement takes the slot of the
+        worker it replaces (the only one freed), a new worker the lowest gap. Slots thus stay
+        within 0..workers-1, so metric series do not churn with recycles."""
+        taken = {w.slot for w in self.current(model)}
+        return next(slot for slot in itertools.count() if slot not in taken)
+
+    def settle_slots(self, model: str) -> None:
+        """After a scale-down: a current worker beyond the configured count moves to a free
+        slot below it (victims are chosen by age, not slot), so slots stay 0..workers-1."""
+        workers = self.models[model].config.workers
+        for worker in sorted((w for w in self.current(model) if w.slot >= workers),
+                             key=lambda w: w.slot):
+            slot = self.free_slot(model)
+            if slot < worker.slot:
+                worker.slot = slot
 
     def spawn(self, model: str, now: float) -> WorkerHandle:
         state = self.models[model]
         worker_id = f"{model}-{state.next_seq}"
         state.next_seq += 1
         sup = self.config.supervisor
-        handle = WorkerHandle(worker_id, model, started_at=now,
+        handle = WorkerHandle(worker_id, model, self.free_slot(model), started_at=now,
                               jitter=self.rng.uniform(0.0, state.config.policy.jitter),
                               heartbeat_timeout=sup.heartbeat_timeout, last_heartbeat=now,
                               history=History(max(2 * state.config.policy.trend_window, 64)))
@@ -175,3 +221,11 @@ class Pool:
         state = self.models[worker.model]
         state.recycles[reason.value] = state.recycles.get(reason.value, 0) + 1
         state.last_recycle = {"reason": reason.value, "worker": worker.id, "at": now}
+
+    def count_exit(self, worker: WorkerHandle, cause: ExitCause, code: int, now: float) -> None:
+        state = self.models[worker.model]
+        state.exits[cause] = state.exits.get(cause, 0) + 1
+        if not cause.expected:
+            state.last_unexpected_exit = {"cause": cause.value, "worker": worker.id,
+                                          "pid": worker.pid, "slot": worker.slot,
+                                          "exit": describe_exit(code), "at": now}

@@ -18,7 +18,7 @@ from supervisor import logs
 from supervisor.lifecycle import Lifecycle
 from supervisor.policy import Action, Verdict, WorkerFacts, evaluate, pressure_victim
 from supervisor.pool import ModelState, Pool, State, WorkerHandle
-from supervisor.reasons import Reason
+from supervisor.reasons import Hold, Reason
 from supervisor.router import Router
 
 log = logs.get("monitor")
@@ -37,6 +37,22 @@ class Candidate:
     verdict: Verdict
 
 
+def held_back(pool: Pool, worker: WorkerHandle) -> tuple[Reason, Hold] | None:
+    """The recycle that waits for this worker, and why; None when none does. A limit never
+    waits (it takes the worker out of rotation at once), so a held-back worker is within its
+    absolute limits."""
+    if worker.state is not State.READY:
+        return None
+    if worker.leaving:
+        state = pool.models.get(worker.model)
+        if state is not None and state.failures and worker.reason is not None:
+            return worker.reason, Hold.BACKOFF
+        return None
+    if worker.held_back is not None:
+        return worker.held_back, Hold.MAX_CONCURRENT_RECYCLES
+    return None
+
+
 class Recycler:
     def __init__(self, pool: Pool, router: Router, lifecycle: Lifecycle) -> None:
         self.pool, self.router, self.lifecycle = pool, router, lifecycle
@@ -53,16 +69,20 @@ class Recycler:
         for model, found in candidates.items():
             state = self.pool.models[model]
             found.sort(key=lambda c: c.reason.urgency)
-            for candidate in found[:self.free_slots(state)]:
+            free = self.free_slots(state)
+            for candidate in found[:free]:
                 self.start(candidate.worker, candidate.reason, candidate.verdict, now)
+            for candidate in found[free:]:  # shown by status and metrics until it starts
+                candidate.worker.held_back = candidate.reason
 
     def _judge_one(self, worker: WorkerHandle, now: float) -> Candidate | None:
+        worker.held_back = None  # judged afresh: set again by judge if it still waits
         if worker.state is State.GONE or worker.killed or \
                 self.pool.workers.get(worker.id) is not worker:
             return None
         policy = self.pool.models[worker.model].config.policy
         facts = WorkerFacts(worker.started_at, worker.jobs, worker.jitter,
-                            worker.trend_streak, worker.ready_at)
+                            worker.trend_streak, worker.ready_at, worker.assessment.baseline)
         verdict = evaluate(list(worker.history), facts, policy, now)
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
         reason = verdict.reason
@@ -110,7 +130,7 @@ class Recycler:
         when = "while loading" if worker.state is State.STARTING else "right after warm-up"
         error = (f"a fresh worker uses {verdict.assessment.memory} bytes {when} "
                  f"({verdict.detail}): no worker can serve within this limit; raise "
-                 f"policy.{reason.value} above the measured baseline")
+                 f"policy.{reason.value} above what a fresh worker uses")
         delay = self.pool.failed_to_serve(state, now, error)
         log.error("policy_misconfigured", model=worker.model, worker=worker.id, pid=worker.pid,
                   reason=reason.value, memory=verdict.assessment.memory,
@@ -202,7 +222,7 @@ class Recycler:
                   reason=str(reason), churn=state.churn, age_seconds=round(age, 1),
                   detail=f"{state.churn} workers in a row recycled for memory younger than "
                   f"policy.min_lifetime ({policy.min_lifetime:.0f}s)",
-                  ready_memory=worker.assessment.baseline, max_memory=policy.max_memory,
+                  baseline=worker.assessment.baseline, max_memory=policy.max_memory,
                   hint="recycles go on (a limit is a limit); raise the limit above the "
                   "measured baseline, or fix the leak (docs/policy.md)")
 

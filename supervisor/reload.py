@@ -2,8 +2,8 @@
 
 - Policy and worker-count changes apply at once; nothing restarts for them.
 - Added models start; removed models stop taking requests, finish their queue, drain, stop.
-- Models whose source, options, environment or TF settings changed get new workers, worker
-  by worker, replacement first (the ordinary recycle path, reason "reload").
+- Models whose source, options, environment, TF or probe settings changed get new workers,
+  worker by worker, replacement first (the ordinary recycle path, reason "reload").
 - The sockets (endpoints, control, runtime dir, message size) are kept: changing them takes
   a restart, and the reload says so.
 """
@@ -17,7 +17,8 @@ from typing import Any
 from supervisor.config import Config, ModelConfig
 
 # Model settings a running worker cannot take on: they need new workers.
-WORKER_FIELDS = ("saved_model", "keras", "handler", "signature", "options", "env", "tf")
+WORKER_FIELDS = ("saved_model", "keras", "handler", "signature", "options", "env", "tf",
+                 "probes")
 # Supervisor settings bound into sockets at start.
 RESTART_FIELDS = ("endpoints", "control", "runtime_dir", "max_message_size", "metrics",
                   "curve", "socket_group")

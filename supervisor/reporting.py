@@ -3,6 +3,8 @@ line, startup progress, Prometheus metrics and the job-error summary."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from supervisor import logs
 from supervisor.config import SupervisorSection
 from supervisor.metrics import Metrics
@@ -15,6 +17,12 @@ log = logs.get("daemon")
 
 # While starting, say which workers are still warming up, this often (seconds).
 STARTUP_PROGRESS = 5.0
+# While stopping, every EXTEND_EVERY seconds systemd is asked to wait EXTEND_AHEAD more
+# (EXTEND_TIMEOUT_USEC), never past the daemon's own shutdown deadline: a drain longer than
+# TimeoutStopSec is not killed half-way while the main loop runs, and a loop that wedges
+# stops asking, so systemd kills it at most EXTEND_AHEAD later.
+EXTEND_EVERY = 5.0
+EXTEND_AHEAD = 15.0
 
 
 class ErrorSummary:
@@ -55,12 +63,20 @@ class Reporter:
         self.next_watchdog = 0.0
         self.next_publish = 0.0
         self.next_progress = now + STARTUP_PROGRESS
+        self.next_extend = 0.0
 
-    def report(self, now: float, settings: SupervisorSection, stopping: bool) -> None:
-        """Called from the main loop's housekeeping."""
+    def report(self, now: float, settings: SupervisorSection, stopping: bool,
+               stop_deadline: float | None = None) -> None:
+        """Called from the main loop's housekeeping; ``stop_deadline`` is when the shutdown
+        under way will be over at the latest (Core.shutdown_deadline)."""
         if self.notifier.watchdog_interval and now >= self.next_watchdog:
             self.notifier.watchdog()  # from the main loop itself: a wedged loop stops pinging
             self.next_watchdog = now + self.notifier.watchdog_interval
+        if stop_deadline is not None and now >= self.next_extend:
+            self.next_extend = now + EXTEND_EVERY
+            usec = round(min(EXTEND_AHEAD, stop_deadline - now) * 1e6)
+            if usec > 0:  # past its own deadline the daemon asks for nothing more
+                self.notifier.extend_timeout(usec)
         if not self.serving and not stopping and self.ready_enough(settings):
             self.serving = True
             log.info("serving", models={m: len(self.pool.ready(m)) for m in self.pool.models})
@@ -78,9 +94,18 @@ class Reporter:
             self.metrics.publish(self.pool, self.router)
 
     def ready_enough(self, settings: SupervisorSection) -> bool:
+        """Start-up: every required model has its ready workers (ready_min_workers, or all).
+        A model marked `required: false` that cannot load does not hold back the others."""
         wanted = settings.ready_min_workers
         return all(len(self.pool.ready(m)) >= min(wanted or s.config.workers, s.config.workers)
-                   for m, s in self.pool.models.items() if not s.removed)
+                   for m, s in self.pool.models.items() if not s.removed and s.config.required)
+
+    def ready_now(self, stopping: bool) -> bool:
+        """`status --ready`: past start-up, not stopping, and every required model can take
+        a job now (at least one ready worker)."""
+        return self.serving and not stopping and all(
+            self.pool.ready(m) for m, s in self.pool.models.items()
+            if not s.removed and s.config.required)
 
     def summary(self, now: float, stopping: bool) -> str:
         """One line for systemd's STATUS=: per model ready/configured, warming, queued."""
@@ -97,6 +122,11 @@ class Reporter:
                 text += ", UNAVAILABLE"
             parts.append(text)
         return ("stopping: " if stopping else "") + "; ".join(parts)
+
+    def reloaded(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A reload's outcome (Daemon.reload's answer), counted; the answer is passed on."""
+        self.metrics.reloaded(bool(result.get("ok")))
+        return result
 
     def answered(self, job: Job, msg: Message, now: float) -> None:
         """Every job that entered the system, as it leaves it."""

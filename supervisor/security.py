@@ -23,6 +23,16 @@ from supervisor.config import CurveConfig
 log = logs.get("security")
 
 ZAP_DOMAIN = "tfsupervisor"
+# The admin endpoint's own ZAP domain: its key set (curve.admin_clients) is separate, so a
+# client admitted to submit jobs or read status cannot recycle or reload.
+ADMIN_DOMAIN = "tfsupervisor-admin"
+# A key directory with more files than this is not a key directory.
+MAX_CLIENT_KEYS = 100_000
+
+
+class KeyDirError(Exception):
+    """A client key directory that cannot be used as a whole: missing, unreadable, empty,
+    or holding a file that is not a public certificate."""
 
 
 class ZapHandler(Authenticator):
@@ -55,23 +65,58 @@ class ZapHandler(Authenticator):
         self._loop.close()
 
 
-def start_zap(context: zmq.Context[Any], curve: CurveConfig) -> ZapHandler:
+def start_zap(context: zmq.Context[Any], keys: dict[str, dict[bytes, bool]]) -> ZapHandler:
     handler = ZapHandler(context)
     handler.start()
-    load_clients(handler, curve)
+    install_clients(handler, keys)
     return handler
 
 
-def load_clients(handler: ZapHandler, curve: CurveConfig) -> int:
-    """(Re)read the authorized client keys; returns how many there are."""
-    assert curve.authorized_clients is not None
-    handler.configure_curve(domain=ZAP_DOMAIN, location=curve.authorized_clients)
-    count = len(handler.certs.get(ZAP_DOMAIN, {}))
-    log.info("curve_clients_loaded", directory=curve.authorized_clients, clients=count)
-    return count
+def read_clients(curve: CurveConfig) -> dict[str, dict[bytes, bool]]:
+    """Every client key directory the config names, read whole, by ZAP domain; raises
+    KeyDirError naming the setting and the file. All or nothing: pyzmq's own loader keeps
+    the *old* keys when a directory cannot be read, which would admit a revoked client."""
+    domains = {"authorized_clients": ZAP_DOMAIN, "admin_clients": ADMIN_DOMAIN}
+    return {domains[setting]: _read_key_dir(setting, Path(directory))
+            for setting, directory in curve.key_directories.items()}
 
 
-def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig) -> None:
+def _read_key_dir(setting: str, directory: Path) -> dict[bytes, bool]:
+    try:
+        files = sorted(p for p in directory.iterdir() if p.suffix == ".key")
+    except OSError as exc:
+        raise KeyDirError(f"supervisor.curve.{setting}: cannot read {directory}: "
+                          f"{exc.strerror}") from None
+    if not files:
+        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds no client "
+                          "certificate (*.key): every client would be refused")
+    if len(files) > MAX_CLIENT_KEYS:
+        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds more than "
+                          f"{MAX_CLIENT_KEYS} certificates")
+    keys: dict[bytes, bool] = {}
+    for file in files:
+        try:
+            public, _ = zmq.auth.load_certificate(file)
+            zmq.utils.z85.decode(public)  # a key that is not z85 would never match
+            if len(public) != 40:
+                raise ValueError("not a 40-character z85 CURVE key")
+        except (OSError, ValueError) as exc:
+            raise KeyDirError(f"supervisor.curve.{setting}: {file} is not a usable public "
+                              f"certificate: {exc}") from None
+        keys[public] = True
+    return keys
+
+
+def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:
+    """Replace the admitted keys, every domain at once (read them with read_clients)."""
+    handler.allow_any = False
+    handler.certs = dict(keys)
+    for domain, certs in keys.items():
+        log.info("curve_clients_loaded", domain=domain, clients=len(certs))
+
+
+def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig,
+                      domain: str = ZAP_DOMAIN) -> None:
     """Turn CURVE on for a bound socket (call before bind)."""
     assert curve.server_secret_key is not None
     public, secret = zmq.auth.load_certificate(curve.server_secret_key)
@@ -80,7 +125,7 @@ def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig) -> None:
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True
-    sock.zap_domain = ZAP_DOMAIN.encode()
+    sock.zap_domain = domain.encode()
 
 
 def make_curve_client(sock: zmq.Socket[Any], server_key: str | bytes,
@@ -97,25 +142,38 @@ def make_curve_client(sock: zmq.Socket[Any], server_key: str | bytes,
     sock.curve_serverkey = server_key
 
 
-def prepare_runtime_dir(path: Path, group: str | None) -> int | None:
-    """Create the ipc directory, readable by owner and group only; returns the gid to give
-    the sockets (None: our own)."""
+class UnknownGroup(Exception):
+    """A configured group that this host does not have."""
+
+
+def group_id(setting: str, group: str | None) -> int | None:
+    """The gid of a configured group (None: none configured)."""
+    if group is None:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UnknownGroup(f"supervisor.{setting}: no group named {group!r} on this "
+                           "host") from None
+
+
+def prepare_runtime_dir(path: Path, gid: int | None) -> None:
+    """Create the ipc directory, readable by owner and group only."""
     path.mkdir(parents=True, exist_ok=True)
-    gid = grp.getgrnam(group).gr_gid if group else None
     if gid is not None:
         os.chown(path, -1, gid)
     os.chmod(path, 0o750)
-    return gid
 
 
-def restrict_socket(endpoint: str, gid: int | None) -> None:
-    """ipc socket files: read/write for owner and group, nothing for others."""
+def restrict_socket(endpoint: str, gid: int | None, shared: bool = True) -> None:
+    """ipc socket files: read/write for the owner, and for the group when ``shared``;
+    nothing for others."""
     if not endpoint.startswith("ipc://"):
         return
     path = endpoint[len("ipc://"):]
     if gid is not None:
         os.chown(path, -1, gid)
-    os.chmod(path, 0o660)
+    os.chmod(path, 0o660 if shared else 0o600)
 
 
 class KeysExist(Exception):

@@ -38,6 +38,13 @@ MAX_WORKER_ID_BYTES = 255
 MAX_PID = 2**31 - 1
 # The longest wait threading accepts (the heartbeat thread waits this long between beats).
 MAX_INTERVAL = threading.TIMEOUT_MAX
+# What systemd hands the service's main process, never passed on to a worker. Only the
+# supervisor talks to systemd: a worker that inherited NOTIFY_SOCKET could send READY=1 or
+# STATUS= for the unit (NotifyAccess=main drops it, but only under systemd), one that inherited
+# WATCHDOG_USEC could keep pinging while the supervisor itself is wedged, and LISTEN_FDS name
+# file descriptors that are the supervisor's, not the worker's.
+SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                "LISTEN_FDNAMES")
 
 
 class SpawnError(ValueError):
@@ -69,6 +76,7 @@ class WorkerSpec:
     tf: dict[str, Any]  # TfConfig's fields by name, every one present
     backend: str  # the supervisor's backend endpoint
     heartbeat_interval: float  # seconds
+    probes: bool  # sample leak probes into heartbeats (worker/probes.py)
     log_level: str
     log_format: str
     parent_pid: int  # the supervisor's pid
@@ -118,8 +126,8 @@ def build_spec(config: Config, model: str, worker_id: str, parent_pid: int,
         signature=settings.signature, options=dict(settings.options),
         tf={name: getattr(settings.tf, name) for name in TF_FIELDS},
         backend=config.backend, heartbeat_interval=config.supervisor.heartbeat_interval,
-        log_level=config.supervisor.log_level, log_format=log_format, parent_pid=parent_pid,
-        secret=secret)
+        probes=settings.probes, log_level=config.supervisor.log_level, log_format=log_format,
+        parent_pid=parent_pid, secret=secret)
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -129,13 +137,16 @@ def worker_command(spec: WorkerSpec) -> list[str]:
 
 def worker_env(config: Config, spec: WorkerSpec, base: Mapping[str, str]) -> dict[str, str]:
     """``base`` (os.environ, say), the model's own env, the spec, and the config file's
-    directory first on PYTHONPATH so handler modules beside config.yaml import as they are."""
+    directory first on PYTHONPATH so handler modules beside config.yaml import as they are;
+    never systemd's notify, watchdog or socket-activation variables (SYSTEMD_ONLY)."""
     try:
         settings = config.models[spec.model]
     except KeyError:
         raise SpawnError(f"no model {spec.model!r} in the configuration") from None
     env = dict(base)
     env.update(settings.env)
+    for name in SYSTEMD_ONLY:  # from the supervisor's environment or a model's: see above
+        env.pop(name, None)
     env[ENV_VAR] = spec.to_env()
     if config.path is not None:
         config_dir = str(config.path.parent.resolve())
@@ -162,6 +173,8 @@ def _validate(spec: WorkerSpec) -> None:
             not 0 < interval <= MAX_INTERVAL:
         raise SpawnError(f"{ENV_VAR}: heartbeat_interval must be a number of seconds > 0 and "
                          f"<= {MAX_INTERVAL:g}, got {_show(interval)}")
+    if not isinstance(spec.probes, bool):
+        raise SpawnError(f"{ENV_VAR}: probes must be true or false, got {_show(spec.probes)}")
     if not isinstance(spec.secret, str) or not 32 <= len(spec.secret) <= 128 or \
             not all(c in "0123456789abcdef" for c in spec.secret):
         raise SpawnError(f"{ENV_VAR}: secret must be 32 to 128 lowercase hex digits")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,15 @@ class Supervisor:
     @property
     def control_endpoint(self) -> str:
         return f"ipc://{self.runtime_dir}/control.sock"
+
+    @property
+    def admin_endpoint(self) -> str:
+        return f"ipc://{self.runtime_dir}/admin.sock"
+
+    def admin(self, command: str, **fields: Any) -> dict[str, Any]:
+        """A command on the admin endpoint (recycle, reload); raises JobError if refused."""
+        result: dict[str, Any] = control(self.admin_endpoint, command, timeout=30, **fields)
+        return result
 
     def client(self, timeout: float = 30.0) -> Client:
         return Client(self.endpoint, timeout=timeout)
@@ -91,7 +100,10 @@ def short_tmpdir() -> Path:
 
 
 def start_supervisor(config: dict[str, Any], workdir: Path | None = None,
-                     env: dict[str, str] | None = None) -> Supervisor:
+                     env: dict[str, str] | None = None,
+                     wrapper: Sequence[str] = ()) -> Supervisor:
+    """``wrapper``: a command line that runs the supervisor's (a sandbox, say: it ends by
+    exec'ing the command it is given after its own arguments)."""
     workdir = workdir or short_tmpdir()
     runtime_dir = workdir / "run"
     config = dict(config)
@@ -103,7 +115,7 @@ def start_supervisor(config: dict[str, Any], workdir: Path | None = None,
     log_path = workdir / "supervisor.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "run", "-c", str(config_path),
+            [*wrapper, sys.executable, "-m", "supervisor", "run", "-c", str(config_path),
              "--log-format", "json"],
             stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

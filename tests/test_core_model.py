@@ -14,7 +14,10 @@ every step:
 - every admitted job is in exactly one place, and a model's queue never holds more than
   ``max_queue`` jobs or ``max_queue_bytes`` bytes;
 - after a memory poll, no worker over ``max_memory`` is in rotation, none over
-  ``kill_memory`` is left unkilled.
+  ``kill_memory`` is left unkilled;
+- every worker has a slot below its model's worker count, no two current workers share
+  one, and the metrics have at most two per-worker series per slot (however many recycles);
+- a SIGKILL the core did not ask for is counted as ``killed_externally``.
 
 At the end the world turns healthy; every request must then be answered exactly once,
 without a shutdown to sweep up what was stranded, and shutdown must finish.
@@ -39,6 +42,7 @@ from supervisor.config import Config, parse_config
 from supervisor.core import Core
 from supervisor.exitcodes import WorkerExit
 from supervisor.history import Reading
+from supervisor.metrics import slot_rows
 from supervisor.pool import State
 from supervisor.protocol import (
     HEARTBEAT,
@@ -54,7 +58,7 @@ from supervisor.protocol import (
     pack_results,
     signed,
 )
-from supervisor.reasons import Reason
+from supervisor.reasons import ExitCause, Reason
 
 MAX_MEMORY = 1000
 KILL_MEMORY = 2000
@@ -119,6 +123,7 @@ CONFIGS = {
 NUMBERS = {"MAX_QUEUE_BYTES": MAX_QUEUE_BYTES, "MAX_QUEUE": MAX_QUEUE,
            "MAX_MESSAGE": MAX_MESSAGE, "MAX_MEMORY": MAX_MEMORY, "KILL_MEMORY": KILL_MEMORY}
 MAX_ATTEMPTS = {"a": 2, "b": 1, "c": 2}
+WORKERS = {"a": 2, "b": 1, "c": 1}
 
 
 def config(name: str) -> Config:
@@ -389,8 +394,17 @@ class CoreMachine(RuleBasedStateMachine):
                                                 int(WorkerExit.LOAD_ERROR), 0]))
     def worker_exits(self, data: st.DataObject, code: int) -> None:
         candidates = self.workers(lambda w: True)
-        if candidates:
-            self.exit(data.draw(st.sampled_from(candidates)), code)
+        if not candidates:
+            return
+        sim = data.draw(st.sampled_from(candidates))
+        worker = self.core.pool.workers.get(sim.id)
+        external = worker is not None and code == -9 and not worker.killed
+        state = self.core.pool.models[worker.model] if worker is not None else None
+        before = state.exits.get(ExitCause.KILLED_EXTERNALLY, 0) if state else 0
+        self.exit(sim, code)
+        if external and state is not None:
+            assert state.exits.get(ExitCause.KILLED_EXTERNALLY, 0) == before + 1, \
+                f"{sim.id} SIGKILLed from outside not counted: {state.exits}"
 
     def exit(self, sim: SimWorker, code: int) -> None:
         sim.alive = False
@@ -526,6 +540,21 @@ class CoreMachine(RuleBasedStateMachine):
             if sim.killed or sim.stop_asked or sim.leaving_sent or not sim.alive:
                 assert worker.state is not State.READY, \
                     f"{worker.id} in rotation though {sim}"
+
+    @invariant()
+    def slots_stay_put(self) -> None:
+        pool = self.core.pool
+        for name in pool.models:
+            current = [w.slot for w in pool.current(name)]
+            assert len(current) == len(set(current)), f"two current workers share a slot " \
+                f"of {name}: {[(w.id, w.slot, w.state) for w in pool.of_model(name)]}"
+            assert all(0 <= w.slot < WORKERS[name] for w in pool.of_model(name)), \
+                [(w.id, w.slot) for w in pool.of_model(name)]
+        rows = slot_rows(pool)
+        keys = [(r.model, r.slot, r.role) for r in rows]
+        assert len(keys) == len(set(keys))
+        for name in pool.models:
+            assert sum(1 for r in rows if r.model == name) <= 2 * WORKERS[name]
 
     # --- the end: a healthy world answers everything -------------------------------------
 

@@ -1,5 +1,5 @@
-"""Operations: the systemd unit, sd_notify over a real datagram socket, the watchdog, the CLI,
-Prometheus metrics scraped over HTTP, and JSON log lines."""
+"""Operations: sd_notify over a real datagram socket, the watchdog, the CLI, Prometheus
+metrics scraped over HTTP, and JSON log lines. The unit file itself: test_systemd.py."""
 
 from __future__ import annotations
 
@@ -21,31 +21,14 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from supervisor.cli import render_status
+from supervisor.exitcodes import DaemonExit
 from supervisor.notify import Notifier
 from tests.conftest import echo_model, short_tmpdir
+from tests.test_metric_series import promlint
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "supervisor"]
-
-
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="systemd-analyze is not installed (apt-get install systemd)")
-def test_unit_file_verifies_without_warnings(tmp_path: Path) -> None:
-    venv_cli = Path(sys.executable).parent / "tfsupervisor"
-    assert venv_cli.exists()
-    unit = (REPO / "systemd" / "tfsupervisor.service").read_text()
-    unit = unit.replace("/opt/tfsupervisor/bin/tfsupervisor", str(venv_cli))
-    path = tmp_path / "tfsupervisor.service"
-    path.write_text(unit)
-    out = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True,
-                         text=True, timeout=60)
-    ours = [line for line in (out.stdout + out.stderr).splitlines() if "tfsupervisor" in line]
-    assert out.returncode == 0 and ours == [], out.stdout + out.stderr
-    for key in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "ExecReload=",
-                "KillMode=mixed", "OOMPolicy=continue", "Restart=on-failure",
-                "RuntimeDirectory=", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                "CapabilityBoundingSet=\n"):
-        assert key in unit, key
 
 
 class NotifySocket:
@@ -171,13 +154,77 @@ def test_metrics_scraped_over_http(supervisor_factory: Any) -> None:
         assert name.startswith("tfsupervisor_"), name
     assert "job_id" not in text
     # Every series the Grafana dashboard queries exists (VRAM only on GPU hosts, recycle
-    # counts once there has been one: the family is declared all the same).
+    # counts once there has been one, limits where set: the family is declared all the same).
     assert "tfsupervisor_recycles" in families
     dashboard = (REPO / "docs" / "grafana-dashboard.json").read_text()
     queried = set(re.findall(r"tfsupervisor_[a-z0-9_]+", dashboard))
     exposed = {s.name for f in families.values() for s in f.samples}
     assert queried - exposed <= {"tfsupervisor_worker_vram_bytes",
-                                 "tfsupervisor_recycles_total"}, queried - exposed
+                                 "tfsupervisor_recycles_total",
+                                 "tfsupervisor_policy_limit_bytes"}, queried - exposed
+    assert "{{worker}}" not in dashboard and "worker=" not in dashboard  # no such label
+    # No always-zero series: of the states, ready always, the others only while non-zero.
+    assert [k for k in samples if k[0] == "tfsupervisor_workers"] == \
+        [("tfsupervisor_workers", (("model", "m"), ("state", "ready")))]
+    assert not promlint(text), promlint(text)
+
+
+def _scrape(url: str) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return text, {(s.name, tuple(sorted(s.labels.items()))): s.value
+                  for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_external_kill_and_recycles_show_in_metrics_and_status(
+        supervisor_factory: Any) -> None:
+    """A worker SIGKILLed from outside (as the OOM killer does) is counted in the metrics
+    and shown by `status`; forced recycles add no series: workers are labelled by slot."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    sup = supervisor_factory({"supervisor": {"metrics": f"127.0.0.1:{port}"},
+                              "models": {"m": echo_model(2)}})
+    victim = sup.workers("m")[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def replaced(status: dict[str, Any]) -> bool:
+        model = status["models"]["m"]
+        return model["exits"].get("killed_externally") == 1 and \
+            sorted((w["slot"], w["state"]) for w in model["workers"]) == [(0, "ready"),
+                                                                          (1, "ready")]
+    report = sup.wait_for(replaced, 60, "the killed worker counted and replaced")
+    last = report["models"]["m"]["last_unexpected_exit"]
+    assert (last["cause"], last["worker"], last["slot"], last["exit"]) == \
+        ("killed_externally", victim["id"], victim["slot"], "signal SIGKILL")
+    assert "LAST UNEXPECTED EXIT: killed_externally" in render_status(report)
+    died = [json.loads(line) for line in sup.log().splitlines() if '"worker_died"' in line]
+    assert [(e["worker"], e["cause"], e["note"]) for e in died] == \
+        [(victim["id"], "killed_externally", "possible OOM kill")]
+    exits = ("tfsupervisor_worker_exits_total", (("cause", "killed_externally"), ("model", "m")))
+    deadline = time.monotonic() + 30
+    while _scrape(url)[1].get(exits) != 1:  # published at most a second later
+        assert time.monotonic() < deadline, _scrape(url)[0]
+        time.sleep(0.1)
+
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for round_ in (1, 2, 3):  # each recycles both workers, one after the other
+        sup.admin("recycle", model="m")
+        deadline = time.monotonic() + 60
+        while True:  # scraped throughout, so outgoing workers' series are seen too
+            text, samples = _scrape(url)
+            seen |= {k for k in samples if "slot" in dict(k[1])}
+            status = sup.status()["models"]["m"]
+            if status["recycles"].get("manual") == 2 * round_ and \
+                    [w["role"] for w in status["workers"]] == ["current", "current"] and \
+                    all(w["state"] == "ready" for w in status["workers"]):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)
+    assert {(dict(labels)["slot"], dict(labels)["role"]) for _, labels in seen} <= \
+        {("0", "current"), ("1", "current"), ("0", "outgoing"), ("1", "outgoing")}
+    memory = {k for k in seen if k[0] == "tfsupervisor_worker_memory_bytes"}
+    assert 2 <= len(memory) <= 4, memory  # 8 workers came and went: at most 2 slots x 2 roles
+    assert not re.search(r'"m-\d+"', text)  # no worker id is a label value
+    assert not promlint(text), promlint(text)
 
 
 def test_log_lines_are_json_with_stable_events(supervisor_factory: Any) -> None:
@@ -201,7 +248,7 @@ def test_a_second_daemon_on_the_same_runtime_dir_refuses_and_harms_nothing(
     second = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c",
                              str(sup.config_path), "--log-format", "json"],
                             capture_output=True, text=True, timeout=60)
-    assert second.returncode == 1
+    assert second.returncode == DaemonExit.ALREADY_RUNNING
     assert f"pid {sup.process.pid}" in second.stdout + second.stderr
     assert sup.status()["models"]["m"]["workers"]  # the first one is still reachable
     with sup.client(timeout=30) as client:
@@ -223,7 +270,7 @@ def test_an_ipc_endpoint_of_a_live_daemon_is_never_taken_over(
                                 timeout=60)
     finally:
         shutil.rmtree(other, ignore_errors=True)
-    assert second.returncode == 1
+    assert second.returncode == DaemonExit.ALREADY_RUNNING
     assert "served by another live process" in second.stdout + second.stderr
     assert Path(first.endpoint[len("ipc://"):]).is_socket()
     with first.client(timeout=30) as client:

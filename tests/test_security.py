@@ -64,6 +64,8 @@ def test_ipc_sockets_exclude_other_users(supervisor_factory: Any) -> None:
     for name in ("frontend.sock", "control.sock", "private/backend.sock"):
         mode = stat.S_IMODE(os.stat(sup.runtime_dir / name).st_mode)
         assert mode == 0o660, (name, oct(mode))
+    # recycle and reload: the service user only, unless admin_group says otherwise
+    assert stat.S_IMODE(os.stat(sup.runtime_dir / "admin.sock").st_mode) == 0o600
     # Workers only: clients share the runtime dir's group, not the backend's directory.
     assert stat.S_IMODE(os.stat(sup.runtime_dir / "private").st_mode) == 0o700
 
@@ -97,8 +99,7 @@ def test_curve_admits_authorized_clients_only(supervisor_factory: Any, keys: Pat
     assert '"event": "handshake_denied"' in sup.log()
     # Keys are re-read on reload: authorize the stranger, and it is admitted.
     shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
-    os.kill(sup.process.pid, signal.SIGHUP)
-    time.sleep(1.0)
+    sup.admin("reload")  # answers once the reload is applied
     with Client(endpoint, timeout=5, server_key=str(keys / "server.key"),
                 client_cert=stranger) as now_good:
         assert now_good.infer("m", X)["x"].shape == (2, 4)

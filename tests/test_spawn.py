@@ -47,6 +47,7 @@ from supervisor.spawn import (
     LOG_LEVELS,
     MAX_PID,
     SOURCES,
+    SYSTEMD_ONLY,
     TF_FIELDS,
     SpawnError,
     WorkerSpec,
@@ -73,7 +74,7 @@ def valid_raw(**changes: Any) -> dict[str, Any]:
         "worker_id": "echo-1", "model": "echo", "source": "handler",
         "location": "worker.handlers:echo", "signature": "serving_default", "options": {},
         "tf": dict(TF_DEFAULTS), "backend": "ipc:///tmp/nowhere/backend.sock",
-        "heartbeat_interval": 0.2, "log_level": "info", "log_format": "json",
+        "heartbeat_interval": 0.2, "probes": True, "log_level": "info", "log_format": "json",
         "parent_pid": os.getpid(), "secret": SECRET}
     raw.update(changes)
     return raw
@@ -95,7 +96,7 @@ specs = st.builds(
         "intra_op_threads": st.integers(0, 256), "inter_op_threads": st.integers(0, 256),
         "gpu_memory_growth": st.booleans(),
         "gpu_memory_limit": st.none() | st.integers(0, 2**45)}),
-    backend=names, heartbeat_interval=st.floats(1e-3, 3600.0),
+    backend=names, heartbeat_interval=st.floats(1e-3, 3600.0), probes=st.booleans(),
     log_level=st.sampled_from(LOG_LEVELS), log_format=st.sampled_from(LOG_FORMATS),
     parent_pid=st.integers(1, MAX_PID),
     secret=st.text("0123456789abcdef", min_size=32, max_size=128))
@@ -136,6 +137,7 @@ WRONG: dict[str, st.SearchStrategy[Any]] = {
     "heartbeat_interval": json_values.filter(_not_number) | st.booleans()
     | st.floats(max_value=0.0, allow_nan=False) | st.integers(max_value=0)
     | st.just(10**400) | st.just(1e300),
+    "probes": json_values.filter(lambda v: not isinstance(v, bool)),
     "parent_pid": json_values.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
     | st.booleans() | st.integers(max_value=0) | st.integers(min_value=MAX_PID + 1)
     | st.floats(allow_nan=False) | st.just(float(os.getpid())),
@@ -276,7 +278,7 @@ def test_build_spec_takes_every_field_from_the_config(workdir: Path) -> None:
         tf={"intra_op_threads": 2, "inter_op_threads": 0, "gpu_memory_growth": True,
             "gpu_memory_limit": 2**30},
         backend=f"ipc://{workdir.resolve()}/run/private/backend.sock", heartbeat_interval=0.5,
-        log_level="debug", log_format="console", parent_pid=4321, secret=SECRET)
+        probes=True, log_level="debug", log_format="console", parent_pid=4321, secret=SECRET)
     assert worker_command(spec) == [sys.executable, "-m", "worker", "--id", "echo-3",
                                     "--model", "echo"]
     env = worker_env(config, spec, {"HOME": "/home/x", ENV_VAR: "stale", "FROM_MODEL": "no"})
@@ -285,6 +287,23 @@ def test_build_spec_takes_every_field_from_the_config(workdir: Path) -> None:
     assert env["PYTHONPATH"] == os.pathsep.join([str(workdir.resolve()), "/from/model"])
     with pytest.raises(SpawnError, match="no model"):
         build_spec(config, "absent", "absent-1", 4321, "json", SECRET)
+
+
+def test_a_worker_never_gets_what_systemd_gave_the_supervisor(workdir: Path) -> None:
+    """Only the supervisor talks to systemd: a worker that inherited WATCHDOG_USEC could ping
+    for a wedged supervisor, one with NOTIFY_SOCKET could speak for the unit."""
+    (workdir / "config.yaml").write_text(CONFIG.replace(
+        'FROM_MODEL: "yes"', 'FROM_MODEL: "yes", NOTIFY_SOCKET: /run/from-model'))
+    config = load_config(workdir / "config.yaml")
+    spec = build_spec(config, "echo", "echo-1", 4321, "json", SECRET)
+    systemd = {"NOTIFY_SOCKET": "/run/systemd/notify", "WATCHDOG_USEC": "30000000",
+               "WATCHDOG_PID": "4321", "LISTEN_FDS": "2", "LISTEN_PID": "4321",
+               "LISTEN_FDNAMES": "a:b"}
+    assert set(systemd) == set(SYSTEMD_ONLY)
+    env = worker_env(config, spec, {**systemd, "INVOCATION_ID": "abc", "HOME": "/home/x"})
+    assert not set(SYSTEMD_ONLY) & set(env), env
+    assert env["INVOCATION_ID"] == "abc" and env["HOME"] == "/home/x"  # the rest is kept
+    assert env["FROM_MODEL"] == "yes" and WorkerSpec.from_env(env[ENV_VAR]) == spec
 
 
 # --- real workers ------------------------------------------------------------------------------

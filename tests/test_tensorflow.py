@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -141,3 +142,21 @@ def test_string_jobs_batched_together_each_get_their_own_rows(tf_sup: Supervisor
 def test_numbers_sent_to_a_string_input_are_refused(tf_sup: Supervisor) -> None:
     with tf_sup.client(timeout=30) as client, pytest.raises(BadRequest, match="string"):
         client.infer("text", {"text": np.zeros(3, np.float32)})
+
+
+def test_tf_output_comes_as_json_events_of_its_worker(tf_sup: Supervisor) -> None:
+    """TensorFlow writes its start-up lines (absl, oneDNN) to stderr whatever
+    TF_CPP_MIN_LOG_LEVEL says; they come as worker_output events with the worker's id, and
+    every line of the supervisor's output is a JSON object (raw, they were 40 % of it)."""
+    workers = {w["id"] for model in ("sm", "kr", "text") for w in tf_sup.workers(model)}
+    deadline = time.monotonic() + 60
+    while True:
+        text = tf_sup.log()
+        events = [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+        assert all(isinstance(e, dict) for e in events)
+        output = [e for e in events if e["event"] == "worker_output"]
+        if workers <= {e["worker"] for e in output} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert workers <= {e["worker"] for e in output}, output
+    assert {e["model"] for e in output} == {"sm", "kr", "text"}

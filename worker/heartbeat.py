@@ -18,15 +18,18 @@ import zmq
 from supervisor.exitcodes import WorkerExit
 from supervisor.protocol import HEARTBEAT, Message, encode, signed
 from worker import runtime
+from worker.probes import ProbeRecorder
 
 
 class Heartbeat(threading.Thread):
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]], endpoint: str, worker_id: str,
-                 interval: float, parent_pid: int, secret: str) -> None:
+                 interval: float, parent_pid: int, secret: str,
+                 probes: ProbeRecorder | None) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.context, self.endpoint, self.worker_id = context, endpoint, worker_id
         self.interval, self.parent_pid, self.secret = interval, parent_pid, secret
         self.jobs = 0  # written by the serving loop only; read here
+        self.probes = probes  # None: probes off for this model
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -40,6 +43,10 @@ class Heartbeat(threading.Thread):
                     os._exit(WorkerExit.ORPHANED)
                 header = {"worker": self.worker_id, "jobs": self.jobs,
                           "tf_memory": runtime.tf_memory_info()}
+                if self.probes is not None:
+                    # The serving loop swaps in a new immutable snapshot, never changes one:
+                    # reading the reference is all the synchronisation needed.
+                    header["probes"] = self.probes.latest.to_wire()
                 with contextlib.suppress(zmq.Again):
                     sock.send_multipart(encode(signed(Message(HEARTBEAT, b"", header),
                                                       self.secret)), zmq.NOBLOCK)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import os
 import signal
 import sys
@@ -38,6 +39,7 @@ from supervisor.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
+from worker.probes import ProbeRecorder
 from worker.runners import LoadError, Runner, load, warmup_inputs
 
 PR_SET_PDEATHSIG = 1
@@ -66,6 +68,11 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Under JSON logs stdout is the supervisor's pipe (supervisor/output.py), which Python
+    # would buffer in 8 KiB blocks: a handler's prints would come late, out of order with
+    # stderr, and be lost with the process when it crashes.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     parser = argparse.ArgumentParser(prog="python -m worker")
     parser.add_argument("--id", required=True)
     parser.add_argument("--model", required=True)
@@ -151,8 +158,12 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
     sock.setsockopt(zmq.IDENTITY, worker_id.encode())
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(spec.backend)
+    # Probes sample between batches, at most once per heartbeat (they are sent in it).
+    probes = ProbeRecorder(spec.heartbeat_interval, time.monotonic()) if spec.probes else None
+    if probes is not None:
+        runner = probes.wrap(runner)
     heartbeat = Heartbeat(context, spec.backend, worker_id, spec.heartbeat_interval,
-                          spec.parent_pid, spec.secret)
+                          spec.parent_pid, spec.secret, probes)
     ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
              "inputs": _wire(runner.inputs), "outputs": _wire(runner.outputs)}
     sock.send_multipart(encode(signed(Message(READY, b"", ready), spec.secret)))
@@ -161,6 +172,8 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
     try:
         while not stop.set:
             if not sock.poll(200):
+                if probes is not None:
+                    probes.between(time.monotonic())
                 continue
             msg = decode(recv(sock), INTERNAL_HOP)
             if msg.kind == STOP:
@@ -176,10 +189,14 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
                     log.info("recycle_requested_by_handler")
                     code = WorkerExit.RECYCLE
                     break
+                if probes is not None:  # after the reply: sampling never delays one
+                    probes.between(time.monotonic())
     except Exception as exc:
         log.exception("worker_loop_failed", error=str(exc))
         code = WorkerExit.INTERNAL
     heartbeat.stop()
+    if probes is not None:
+        probes.close()
     sock.close()
     context.term()
     return code

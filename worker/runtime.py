@@ -14,6 +14,10 @@ from typing import Any
 
 
 def export_environment(tf_settings: dict[str, Any]) -> None:
+    # C++ INFO lines off; warnings stay (the supervisor wraps them as worker_output events).
+    # TF 2.21 prints its absl and oneDNN start-up lines before absl reads this, at any
+    # level, and there is no cheap safe switch for them (TF_ENABLE_ONEDNN_OPTS=0 changes
+    # the numbers): the supervisor's capture of worker output is what keeps the logs JSON.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if tf_settings["intra_op_threads"]:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(tf_settings["intra_op_threads"])

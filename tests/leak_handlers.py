@@ -1,0 +1,149 @@
+"""Handlers that grow a worker's memory, one cause each, for the leak probes (worker/probes.py).
+
+Importable by workers (they run from the repository root). Each factory takes ``options``
+and returns a callable from a dict of arrays to a dict of arrays. What each one grows, and
+what the probes show for it, is measured by ``bench/leak_probes.py``:
+
+- ``retrace_shapes``: a ``tf.function`` without ``input_signature``; every new batch size
+  traces a new graph, kept for the life of the process. (A changing Python scalar argument
+  is ``worker.tf_handlers:retracing``.)
+- ``python_hoard``: keeps a few small Python objects per call, forever.
+- ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it.
+- ``keras_predict``: the demo MLP called with ``model.predict()`` per call.
+- :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
+  embedding, mean-pooled), to be served with many sequence lengths.
+
+The Python and native leaks run a small traced model too (one graph, whatever the batch
+size), so their workers are TF workers whose graphs stay flat.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from supervisor.protocol import TensorSpec
+
+Arrays = dict[str, np.ndarray]
+WIDTH = 16
+
+
+class _Dense:
+    """A few dense layers over ``x: float32[None, WIDTH]``, traced with or without an
+    input signature."""
+
+    def __init__(self, options: dict[str, Any], signature: bool) -> None:
+        import tensorflow as tf
+
+        self.tf = tf
+        self.inputs = [TensorSpec("x", "float32", (None, WIDTH))]
+        self.outputs = None
+        rng = np.random.default_rng(int(options.get("seed", 0)))
+        weights = [tf.constant(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32))
+                   for _ in range(int(options.get("layers", 4)))]
+
+        def forward(x: Any) -> Any:
+            for w in weights:
+                x = tf.nn.relu(tf.matmul(x, w))
+            return tf.reduce_sum(x, axis=1, keepdims=True)
+
+        spec = [tf.TensorSpec([None, WIDTH], tf.float32)] if signature else None
+        self.forward = tf.function(forward, input_signature=spec)
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        return {"y": self.forward(self.tf.constant(inputs["x"])).numpy()}
+
+
+class PythonHoard(_Dense):
+    """Keeps, per call, a dict holding a list of small floats and a string (a request log
+    that is never trimmed)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options, signature=True)
+        self.per_call = int(options.get("objects_per_call", 20))
+        self.log: list[dict[str, Any]] = []
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        row = inputs["x"][0]
+        self.log.append({"call": len(self.log), "tag": f"call-{len(self.log)}",
+                         "values": [float(row[i % WIDTH]) + i for i in range(self.per_call)]})
+        return super().__call__(inputs)
+
+
+class NativeLeak(_Dense):
+    """Mallocs ``bytes_per_call`` (touched, so resident) per call through ctypes; the
+    pointers are dropped, as a C extension that forgets a free would."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options, signature=True)
+        self.size = int(options.get("bytes_per_call", 64 * 1024))
+        libc = ctypes.CDLL(None)
+        self.malloc = libc.malloc
+        self.malloc.restype = ctypes.c_void_p
+        self.malloc.argtypes = [ctypes.c_size_t]
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        pointer = self.malloc(self.size)
+        if pointer:
+            ctypes.memset(pointer, 1, self.size)
+        return super().__call__(inputs)
+
+
+class KerasPredict:
+    """The demo MLP through ``model.predict()`` on every call (Keras's own loop, not
+    ``model(x, training=False)``)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        from worker import demo_model
+
+        self.model = demo_model.build(int(options.get("seed", 7)))
+        self.inputs = [TensorSpec("features", "float32", (None, demo_model.FEATURES))]
+        self.outputs = None
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        return {"probability": np.asarray(self.model.predict(inputs["features"], verbose=0))}
+
+
+def retrace_shapes(options: dict[str, Any]) -> _Dense:
+    return _Dense(options, signature=False)
+
+
+def python_hoard(options: dict[str, Any]) -> PythonHoard:
+    return PythonHoard(options)
+
+
+def native_leak(options: dict[str, Any]) -> NativeLeak:
+    return NativeLeak(options)
+
+
+def keras_predict(options: dict[str, Any]) -> KerasPredict:
+    return KerasPredict(options)
+
+
+def save_embedding_model(path: str, vocab: int = 1000, dim: int = 32) -> None:
+    """A SavedModel whose ``serving_default`` takes ``input_ids: int32[None, None]`` (batch,
+    sequence length both unknown) and returns ``score: float32[None, 1]``: an embedding, a
+    dense layer per token (a matmul whose shape follows the sequence length, as in any
+    sequence model), mean-pooled over the sequence, then one dense layer."""
+    import tensorflow as tf
+
+    class Embedder(tf.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            rng = np.random.default_rng(3)
+            self.table = tf.Variable(rng.standard_normal((vocab, dim)).astype(np.float32))
+            self.token = tf.Variable(rng.standard_normal((dim, 2 * dim)).astype(np.float32))
+            self.dense = tf.Variable(rng.standard_normal((2 * dim, 1)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")])
+        def serve(self, input_ids: Any) -> dict[str, Any]:
+            embedded = tf.nn.embedding_lookup(self.table, input_ids % vocab)
+            tokens = tf.nn.relu(tf.matmul(tf.reshape(embedded, [-1, dim]), self.token))
+            pooled = tf.reduce_mean(tf.reshape(tokens, [tf.shape(input_ids)[0], -1, 2 * dim]),
+                                    axis=1)
+            return {"score": tf.matmul(pooled, self.dense)}
+
+    module = Embedder()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})

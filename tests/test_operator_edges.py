@@ -1,0 +1,387 @@
+"""The edges an operator hits: who may change the service, revoked keys, a bad edit on disk,
+a start that cannot happen, readiness with a model that cannot load, `check` on this host.
+Real daemons, real sockets, real users (a forked child that drops to uid 65534)."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+import zmq.auth
+
+from supervisor.client import Client, JobError, NoReply, control
+from supervisor.config import doors, parse_config
+from supervisor.exitcodes import DaemonExit
+from supervisor.preflight import preflight
+from supervisor.settings import ConfigErrors
+from tests.conftest import echo_model, short_tmpdir
+
+X = {"x": np.ones((1, 4), np.float32)}
+CLI = [sys.executable, "-m", "supervisor"]
+NOBODY = 65534  # Debian's nobody / nogroup
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# --- who may change the service -------------------------------------------------------------
+
+
+def test_the_status_endpoint_refuses_recycle_and_reload(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    for command in ("recycle", "reload"):
+        with pytest.raises(JobError, match="admin endpoint"):
+            control(sup.control_endpoint, command, timeout=10, model="m")
+    assert sup.status()["models"]["m"]["recycles"] == {}
+    assert sup.admin("recycle", model="m")["scheduled"]  # the admin endpoint takes it
+    assert sup.admin("status")["models"]["m"]  # and answers status too
+
+
+def _as_nobody(endpoint: str, command: str) -> str:
+    """`command` sent from a forked child running as uid/gid 65534: 'ok', or why not.
+    Fork, not exec: the child needs no file of this checkout, only the socket."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, then try
+        outcome = "error"
+        try:
+            os.setgroups([NOBODY])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            control(endpoint, command, timeout=3, model="m")
+            outcome = "ok"
+        except NoReply:
+            outcome = "no reply"
+        except BaseException as exc:  # anything else is reported, never raised in the fork
+            outcome = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(writer, outcome.encode()[:4000])
+            os._exit(0)
+    os.close(writer)
+    try:
+        with os.fdopen(reader, "rb") as pipe:
+            return pipe.read().decode()
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_a_socket_group_member_reads_status_but_cannot_reach_admin(
+        supervisor_factory: Any) -> None:
+    group = grp.getgrgid(NOBODY).gr_name
+    sup = supervisor_factory({"supervisor": {"socket_group": group},
+                              "models": {"m": echo_model(1)}})
+    os.chmod(sup.runtime_dir.parent, 0o711)  # let others walk to the runtime dir
+    assert _as_nobody(sup.control_endpoint, "status") == "ok"
+    assert _as_nobody(sup.admin_endpoint, "recycle") == "no reply"  # 0600, root's
+    assert sup.status()["models"]["m"]["recycles"] == {}
+    # Sanity of the probe itself: the same child, as root, reaches the admin endpoint.
+    assert sup.admin("recycle", model="m")["scheduled"]
+
+
+def test_admin_group_opens_the_admin_socket_to_its_members(supervisor_factory: Any) -> None:
+    group = grp.getgrgid(NOBODY).gr_name
+    sup = supervisor_factory({"supervisor": {"socket_group": group, "admin_group": group},
+                              "models": {"m": echo_model(1)}})
+    os.chmod(sup.runtime_dir.parent, 0o711)
+    admin = sup.runtime_dir / "admin.sock"
+    assert stat.S_IMODE(os.stat(admin).st_mode) == 0o660 and os.stat(admin).st_gid == NOBODY
+    assert _as_nobody(sup.admin_endpoint, "recycle") == "ok"
+
+
+def _curve_sup(supervisor_factory: Any, keys: Path, admin_port: int | None = None) -> Any:
+    curve = {"server_secret_key": str(keys / "server.key_secret"),
+             "authorized_clients": str(keys / "authorized_clients")}
+    sup_section: dict[str, Any] = {"endpoints": [f"tcp://127.0.0.1:{_port()}"],
+                                   "curve": curve}
+    if admin_port is not None:
+        (keys / "admins").mkdir()
+        shutil.copy(keys / "admin.key", keys / "admins" / "admin.key")
+        curve["admin_clients"] = str(keys / "admins")
+        sup_section["admin"] = f"tcp://127.0.0.1:{admin_port}"
+    return supervisor_factory({"supervisor": sup_section, "models": {"m": echo_model(1)}})
+
+
+@pytest.fixture
+def keys(workdir: Path) -> Path:
+    out = _cli("keygen", str(workdir / "keys"))
+    assert out.returncode == 0, out.stderr
+    for name in ("stranger", "admin"):
+        zmq.auth.create_certificates(str(workdir / "keys"), name)
+    return workdir / "keys"
+
+
+def test_a_tcp_admin_endpoint_admits_admin_keys_only(supervisor_factory: Any,
+                                                     keys: Path) -> None:
+    port = _port()
+    _curve_sup(supervisor_factory, keys, admin_port=port)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    server = str(keys / "server.key")
+    # An ordinary client key, good for jobs, is refused at the admin handshake.
+    with pytest.raises(NoReply):
+        control(endpoint, "recycle", timeout=2, model="m", server_key=server,
+                client_cert=str(keys / "client.key_secret"))
+    result = control(endpoint, "recycle", timeout=10, model="m", server_key=server,
+                     client_cert=str(keys / "admin.key_secret"))
+    assert result["scheduled"]
+
+
+@pytest.mark.parametrize("breakage", ["empty key file", "empty directory", "directory gone",
+                                      "not a certificate"])
+def test_a_reload_with_a_bad_key_directory_is_rejected_and_keeps_the_old_keys(
+        supervisor_factory: Any, keys: Path, breakage: str) -> None:
+    sup = _curve_sup(supervisor_factory, keys)
+    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
+    authorized = keys / "authorized_clients"
+    if breakage == "empty key file":
+        (authorized / "extra.key").write_bytes(b"")
+    elif breakage == "empty directory":
+        (authorized / "client.key").unlink()
+    elif breakage == "directory gone":
+        shutil.rmtree(authorized)
+    else:
+        (authorized / "extra.key").write_text("public-key = 'short'\n")
+    with pytest.raises(JobError, match="config rejected"):
+        sup.admin("reload")
+    assert '"event": "config_rejected"' in sup.log()
+    with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "client.key_secret")) as client:
+        assert client.infer("m", X)["x"].shape == (1, 4)  # the running keys are kept
+
+
+def test_a_key_removed_from_the_directory_is_refused_after_reload(
+        supervisor_factory: Any, keys: Path) -> None:
+    shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
+    sup = _curve_sup(supervisor_factory, keys)
+    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
+    stranger = {"server_key": str(keys / "server.key"),
+                "client_cert": str(keys / "stranger.key_secret")}
+    with Client(endpoint, timeout=10, **stranger) as client:
+        assert client.infer("m", X)["x"].shape == (1, 4)
+    (keys / "authorized_clients" / "stranger.key").unlink()  # revoked
+    sup.admin("reload")
+    with Client(endpoint, timeout=2, **stranger) as client, pytest.raises(NoReply):
+        client.infer("m", X)
+    with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "client.key_secret")) as client:
+        assert client.infer("m", X)["x"].shape == (1, 4)
+
+
+# --- a bad edit on disk ------------------------------------------------------------------------
+
+
+def test_status_top_and_recycle_reach_the_daemon_through_a_broken_config(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    good = sup.config_path.read_text()
+    sup.config_path.write_text(good + "\nsupervisor: {poll_interval: [not, a, duration]\n")
+    out = _cli("status", "-c", str(sup.config_path))
+    assert out.returncode == 0, out.stderr
+    assert "does not validate" in out.stderr and "m-" in out.stdout
+    assert _cli("status", "--ready", "-c", str(sup.config_path)).returncode == 0
+    out = _cli("recycle", "-c", str(sup.config_path), "m")
+    assert out.returncode == 0, out.stderr
+    # reload still refuses the broken file before the daemon sees it
+    out = _cli("reload", "-c", str(sup.config_path))
+    assert out.returncode == 1 and "poll_interval" in out.stderr
+    # With no config at all: --control / --admin name the endpoints.
+    missing = str(sup.config_path.parent / "nowhere.yaml")
+    out = _cli("status", "-c", missing, "--control", sup.control_endpoint, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["models"]["m"]
+    out = _cli("recycle", "-c", missing, "--admin", sup.admin_endpoint, "m")
+    assert out.returncode == 0, out.stderr
+
+
+def test_doors_are_read_leniently(workdir: Path) -> None:
+    config = workdir / "config.yaml"
+    config.write_text("supervisor: {runtime_dir: rt, admin: 'ipc://{runtime_dir}/a.sock', "
+                      "poll_interval: nope}\nmodels: {}\n")
+    found = doors(config)
+    assert found.control == f"ipc://{workdir.resolve()}/rt/control.sock"
+    assert found.admin == f"ipc://{workdir.resolve()}/rt/a.sock"
+    assert found.problems
+    config.write_bytes(b"\xff\xfe{{{")  # not even YAML: the defaults beside the file
+    assert doors(config).control.endswith("/run/control.sock")
+
+
+# --- start-up failures -------------------------------------------------------------------------
+
+
+def _run(workdir: Path, config: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    path = workdir / "config.yaml"
+    config.setdefault("supervisor", {}).setdefault("runtime_dir", str(workdir / "run"))
+    path.write_text(yaml.safe_dump(config))
+    return _cli("run", "-c", str(path), "--log-format", "json", timeout=120)
+
+
+def _one_failure(out: subprocess.CompletedProcess[str], code: DaemonExit) -> dict[str, Any]:
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert all(line.startswith("{") for line in lines), lines  # JSON, every line
+    failures = [e for e in _events(out.stderr) if e["event"] == "supervisor_start_failed"]
+    assert len(failures) == 1 and failures[0]["exit_code"] == code
+    return failures[0]
+
+
+def test_a_metrics_port_in_use_is_one_clear_error_and_leaves_nothing_behind(
+        workdir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _run(workdir, {"supervisor": {"metrics": f"127.0.0.1:{port}"},
+                             "models": {"m": echo_model(1)}})
+    failure = _one_failure(out, DaemonExit.ADDRESS_IN_USE)
+    assert f"127.0.0.1:{port}" in failure["error"]
+    left = sorted(p.name for p in (workdir / "run").rglob("*") if not p.is_dir())
+    assert left == [], left  # the ipc sockets bound before the failure, and the lock: gone
+
+
+def test_a_frontend_port_in_use_is_one_clear_error(workdir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _run(workdir, {"supervisor": {"endpoints": [f"tcp://127.0.0.1:{port}"]},
+                             "models": {"m": echo_model(1)}})
+    assert f"tcp://127.0.0.1:{port}" in _one_failure(out, DaemonExit.ADDRESS_IN_USE)["error"]
+
+
+def test_a_runtime_dir_that_cannot_be_created_is_one_clear_error(workdir: Path) -> None:
+    (workdir / "file").write_text("not a directory")
+    out = _run(workdir, {"supervisor": {"runtime_dir": str(workdir / "file" / "run")},
+                         "models": {"m": echo_model(1)}})
+    assert "runtime dir" in _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+
+
+def test_an_unknown_group_and_a_bad_key_directory_are_config_errors(workdir: Path,
+                                                                    keys: Path) -> None:
+    out = _run(workdir, {"supervisor": {"socket_group": "no-such-group-here"},
+                         "models": {"m": echo_model(1)}})
+    assert "no-such-group-here" in _one_failure(out, DaemonExit.CONFIG)["error"]
+    (keys / "authorized_clients" / "client.key").unlink()
+    out = _run(workdir, {"supervisor": {
+        "endpoints": [f"tcp://127.0.0.1:{_port()}"],
+        "curve": {"server_secret_key": str(keys / "server.key_secret"),
+                  "authorized_clients": str(keys / "authorized_clients")}},
+        "models": {"m": echo_model(1)}})
+    assert "holds no client certificate" in _one_failure(out, DaemonExit.CONFIG)["error"]
+
+
+# --- readiness ---------------------------------------------------------------------------------
+
+BROKEN = {"handler": "worker.handlers:broken"}
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_readiness_with_a_model_that_cannot_load(supervisor_factory: Any,
+                                                 required: bool) -> None:
+    sup = supervisor_factory({"models": {"good": echo_model(1),
+                                         "broken": {**BROKEN, "required": required}}},
+                             wait=False)
+    status = sup.wait_for(lambda s: not s["models"]["broken"]["available"] and
+                          any(w["state"] == "ready" for w in s["models"]["good"]["workers"]),
+                          what="good ready, broken unavailable")
+    probe = _cli("status", "--ready", "-c", str(sup.config_path))
+    if required:
+        assert probe.returncode == 1 and not status["ready"]
+        assert '"event": "serving"' not in sup.log()
+    else:  # the broken model does not hold the others back
+        status = sup.wait_for(lambda s: s["ready"], what="ready")
+        assert _cli("status", "--ready", "-c", str(sup.config_path)).returncode == 0
+        assert status["models"]["broken"]["required"] is False
+    with sup.client(timeout=30) as client:
+        assert client.infer("good", X)["x"].shape == (1, 4)
+
+
+# --- check -------------------------------------------------------------------------------------
+
+
+def test_check_verifies_what_this_host_must_have(workdir: Path) -> None:
+    (workdir / "file").write_text("")
+    config = workdir / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "supervisor": {"runtime_dir": str(workdir / "file" / "run"),
+                       "socket_group": "no-such-group-here"},
+        "models": {"a": {"saved_model": "missing/model"},
+                   "b": {"keras": "missing.keras"},
+                   "c": {"handler": "no_such_module_anywhere:make"},
+                   "d": echo_model(1)}}))
+    out = _cli("check", "-c", str(config))
+    assert out.returncode == 1
+    for fragment in ("models.a.saved_model", "no such directory", "models.b.keras",
+                     "warning: models.c.handler", "supervisor.runtime_dir",
+                     "supervisor.socket_group"):
+        assert fragment in out.stderr, (fragment, out.stderr)
+    assert "models.d" not in out.stderr
+
+
+def test_check_passes_a_runnable_config_and_reads_key_directories(workdir: Path,
+                                                                  keys: Path) -> None:
+    text = yaml.safe_dump({"supervisor": {
+        "runtime_dir": str(workdir / "run"),
+        "endpoints": [f"tcp://127.0.0.1:{_port()}"],
+        "curve": {"server_secret_key": str(keys / "server.key_secret"),
+                  "authorized_clients": str(keys / "authorized_clients")}},
+        "models": {"d": echo_model(1)}})
+    assert preflight(parse_config(text)) == []
+    (keys / "authorized_clients" / "bad.key").write_text("nothing here\n")
+    findings = preflight(parse_config(text))
+    assert [f.where for f in findings] == ["supervisor.curve.authorized_clients"]
+    assert "bad.key" in findings[0].message
+
+
+def test_admin_and_endpoint_settings_are_validated() -> None:
+    model = "models: {m: {handler: 'worker.handlers:echo'}}\n"
+
+    def errors(text: str) -> str:
+        with pytest.raises(ConfigErrors) as info:
+            parse_config(model + text)
+        return str(info.value)
+
+    assert "TCP admin endpoint" in errors("supervisor: {admin: 'tcp://127.0.0.1:1'}")
+    assert "admin_clients" in errors(
+        "supervisor: {admin: 'tcp://127.0.0.1:1', curve: {server_secret_key: s, "
+        "authorized_clients: d}}")
+    assert "already supervisor.control" in errors(
+        "supervisor: {admin: 'ipc://{runtime_dir}/control.sock'}")
+    assert "admin keys are CURVE keys" in errors("supervisor: {curve: {admin_clients: d}}")
+    parse_config(model + "supervisor: {admin: 'tcp://127.0.0.1:1', curve: {server_secret_key: "
+                 "s, authorized_clients: d, admin_clients: a}}")
+
+
+def test_the_unit_does_not_restart_on_statuses_a_restart_cannot_fix() -> None:
+    unit = (Path(__file__).parent.parent / "systemd" / "tfsupervisor.service").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("RestartPreventExitStatus="))
+    statuses = {int(v) for v in line.partition("=")[2].split()}
+    assert statuses == {DaemonExit.CONFIG, DaemonExit.USAGE, DaemonExit.RUNTIME_DIR}

@@ -1,0 +1,456 @@
+"""Leak probes: what in this worker grows, measured cheaply enough to leave on.
+
+The serving loop owns one :class:`ProbeRecorder`. It wraps the model call to count each
+batch's input signature (names, dtypes and full shapes, as the handler receives them) and to
+read this process's RSS before and after the batch, crediting any growth to the signature
+(every batch of a new signature, the others as the budget allows); between batches (never
+per job) it samples the rest at most once per heartbeat interval: functions
+in TensorFlow's eager context (one more per trace), Python's allocated blocks, the native
+heap (glibc mallinfo2) and TF's allocators; when Python's blocks have grown, at most once a
+minute, a census of live objects by type. Each sample ends in a new immutable
+:class:`~supervisor.probes.Probes` the heartbeat thread sends as it is.
+
+Every reading is spaced so that probes cost at most ``BUDGET`` of the serving thread's time
+whatever their size (a process that retraced 100k graphs takes ~20 ms to list them), and a
+census that takes longer than ``MAX_CENSUS_SECONDS`` is not taken again: it stalls serving.
+
+Readings come from :class:`Sources` (this process by default; tests pass fakes), and time
+comes in as ``now``; only the probes' own cost is read from a clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import gc
+import heapq
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from supervisor import logs
+from supervisor.probes import MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
+from worker.runners import Runner
+
+# Input signatures kept with their batches and growth; more are counted, not kept.
+MAX_SIGNATURES = 1024
+# Bits of the bitmap that counts signatures beyond the table (128 KiB, allocated when the
+# table fills): distinct ones are estimated by linear counting, exact to about 1 % up to
+# ~100k and never unbounded.
+OVERFLOW_BITS = 2**20
+# Fraction of the serving thread's time each half of the probes may take: the samples
+# between batches (one that took longer than BUDGET * heartbeat interval pushes the next one
+# further out), and the RSS reads around batches (measured: ~4 µs a batch, up to 20 µs in a
+# TF worker on 2 busy cores, where the first syscall after a model call runs cold; against
+# ~1 ms for a batch of the demo MLP). A batch of a signature never seen is always measured.
+BUDGET = 0.003
+# Attribution time the budget may save up while the worker is idle (then spent on a burst).
+MAX_ALLOWANCE = 0.01
+# A census runs when Python's allocated blocks grew by this many since the last one (~3 to
+# 50 MB of small objects), and at most once per CENSUS_INTERVAL seconds.
+CENSUS_BLOCKS = 100_000
+CENSUS_INTERVAL = 60.0
+# Objects counted per census; past this the census counts an even stride of them and
+# scales up (a leak of millions of objects still shows which types they are).
+CENSUS_SAMPLE = 200_000
+# A census that took longer than this is the last one: it stops the serving thread (measured:
+# 75 ms for the 324k objects of a TF 2.21 worker serving a SavedModel, 2 cores).
+MAX_CENSUS_SECONDS = 0.5
+# Type names kept from one census to compare with the next (the most numerous ones).
+MAX_TYPES = 4096
+# Prefix of the eager context's name for each traced concrete function of a tf.function:
+# "__inference_<python name>_<uid>" (TF 2.21; "__wrapped__<Op>..." are single eager ops).
+TRACED_PREFIX = "__inference_"
+
+Key = tuple[tuple[str, Any, tuple[int, ...]], ...]  # (name, numpy dtype, shape) per input
+
+log = logs.get("worker")
+
+
+@dataclass
+class Sources:
+    """Where readings come from. Each returns None where the process cannot tell."""
+
+    rss: Callable[[], int | None]
+    py_blocks: Callable[[], int | None]
+    native_heap: Callable[[], int | None]
+    functions: Callable[[], Any]  # a collection of names, or None: TensorFlow not running
+    tf_allocator: Callable[[], int | None]
+    objects: Callable[[], list[Any]]
+    clock: Callable[[], float] = time.perf_counter  # for the probes' own cost only
+    close: Callable[[], None] = lambda: None
+
+    @classmethod
+    def process(cls) -> Sources:
+        statm = Statm()
+        return cls(rss=statm.read, py_blocks=sys.getallocatedblocks,
+                   native_heap=native_heap_reader(), functions=tf_function_names,
+                   tf_allocator=TfAllocator().read, objects=gc.get_objects, close=statm.close)
+
+
+# --- the recorder ----------------------------------------------------------------------------
+
+class ProbeRecorder:
+    """Owned by the serving thread: only it calls :meth:`wrap`'s call and :meth:`between`.
+
+    ``latest`` is replaced, never changed, so the heartbeat thread reads a whole snapshot
+    with one attribute read (atomic under the GIL): no lock, and no wait on the serving
+    thread.
+    """
+
+    def __init__(self, interval: float, now: float, sources: Sources | None = None) -> None:
+        self.interval = interval
+        self.sources = sources or Sources.process()
+        self.shapes = ShapeTable()
+        self.census = Census()
+        self.cost = 0.0
+        self.latest = Probes()
+        self._next_sample = now
+        self._allowance = 0.0  # seconds of RSS reads the budget allows now
+        self._last_batch = self.sources.clock()
+        self.between(now)
+
+    def wrap(self, runner: Runner) -> Runner:
+        """The runner, its calls counted by signature and, as the budget allows, measured:
+        RSS before and after, growth credited to the signature. A call that raises is
+        counted too (a failing shape can leak)."""
+        inner = runner.call
+        clock, rss = self.sources.clock, self.sources.rss
+
+        def call(inputs: dict[str, Any]) -> Mapping[str, Any]:
+            start = clock()
+            key = _key(inputs)
+            measured = key is not None and self.measure(key, start)
+            before = rss() if measured else None
+            running = clock()
+            try:
+                return inner(inputs)
+            finally:
+                resumed = clock()
+                if key is not None:
+                    self.shapes.record(key, _growth(before, rss()) if measured else None)
+                spent = (running - start) + (clock() - resumed)
+                self.cost += spent
+                self._allowance -= spent
+
+        return Runner(call, runner.inputs, runner.outputs, keepalive=runner.keepalive)
+
+    def measure(self, key: Key, now: float) -> bool:
+        """Whether to read RSS around this batch: always for a new signature (its first
+        batch is where a retrace or a new shape's caches cost), else while the probes have
+        spent less than BUDGET of the time so far."""
+        self._allowance = min(MAX_ALLOWANCE, self._allowance + (now - self._last_batch) * BUDGET)
+        self._last_batch = now
+        return self._allowance > 0 or self.shapes.is_new(key)
+
+    def between(self, now: float) -> None:
+        """Between batches (or while idle): sample what is due and publish a new snapshot."""
+        if now < self._next_sample:
+            return
+        try:
+            self._sample(now)
+        except Exception as exc:  # advisory: a probe that breaks must not take the worker
+            log.warning("probes_failed", error=f"{type(exc).__name__}: {exc}")
+            self._next_sample = math.inf  # once: the same failure would repeat each second
+
+    def _sample(self, now: float) -> None:
+        clock, sources = self.sources.clock, self.sources
+        start = clock()
+        functions = sources.functions()
+        blocks = sources.py_blocks()
+        graphs = None if functions is None else len(functions)
+        names = traced(functions) if functions else ()
+        native, allocator = sources.native_heap(), sources.tf_allocator()
+        shapes, top_shapes = self.shapes.distinct(), self.shapes.top(MAX_NAMES)
+        sampled = clock() - start
+        if self.census.due(now, blocks):
+            self.census.take(now, blocks, sources.objects, clock)
+        self._next_sample = now + max(self.interval, sampled / BUDGET)
+        self.cost += clock() - start
+        self.latest = Probes(graphs=graphs, traced=names, py_blocks=blocks, native_heap=native,
+                             tf_allocator=allocator, shapes=shapes, top_shapes=top_shapes,
+                             census=self.census.grown, cost_seconds=self.cost)
+
+    def close(self) -> None:
+        self.sources.close()
+
+
+# --- input signatures --------------------------------------------------------------------------
+
+def signature_key(inputs: Mapping[str, Any]) -> Key:
+    """A hashable key of the batch's names, dtypes and shapes, by name (measured 0.35 µs
+    for one input: no string is built, and one input needs no sort)."""
+    if len(inputs) == 1:
+        for name, array in inputs.items():
+            return ((name, array.dtype, array.shape),)
+    return tuple(sorted((name, array.dtype, array.shape) for name, array in inputs.items()))
+
+
+def signature_text(key: Key) -> str:
+    """``name:dtype[d0,d1]`` per input, by name, e.g. ``x:float32[8,16]``."""
+    text = ",".join(f"{name}:{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+                    for name, dtype, shape in key)
+    return text[:MAX_NAME]
+
+
+def _key(inputs: Mapping[str, Any]) -> Key | None:
+    try:
+        return signature_key(inputs)
+    except Exception:  # not arrays: the handler was given something odd; never fail a job
+        return None
+
+
+def _growth(before: int | None, after: int | None) -> int | None:
+    """RSS growth across a batch: falls are not credited; None if RSS cannot be read."""
+    return None if before is None or after is None else max(0, after - before)
+
+
+class _Entry:
+    __slots__ = ("batches", "first_growth", "measured", "measured_growth", "signature")
+
+    def __init__(self, signature: str, growth: int | None) -> None:
+        self.signature, self.batches, self.first_growth = signature, 1, growth or 0
+        self.measured = self.measured_growth = 0  # batches after the first that were measured
+
+    @property
+    def growth(self) -> int:
+        """The first batch's growth, plus the later batches' growth, estimated from those
+        measured (all of them while the budget allows)."""
+        if not self.measured:
+            return self.first_growth
+        return self.first_growth + self.measured_growth * (self.batches - 1) // self.measured
+
+
+class ShapeTable:
+    """Distinct signatures served, and each one's batches and growth; bounded."""
+
+    def __init__(self, capacity: int = MAX_SIGNATURES, overflow_bits: int = OVERFLOW_BITS) -> None:
+        self.capacity, self.overflow_bits = capacity, overflow_bits
+        self._entries: dict[Key, _Entry] = {}
+        self._overflow: bytearray | None = None
+        self._overflow_set = 0
+
+    def is_new(self, key: Key) -> bool:
+        """Whether a batch of this signature would be the first one kept."""
+        return len(self._entries) < self.capacity and key not in self._entries
+
+    def record(self, key: Key, growth: int | None) -> None:
+        """One batch of this signature; ``growth``: its RSS growth, None if not measured."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.batches += 1
+            if growth is not None:
+                entry.measured += 1
+                entry.measured_growth += growth
+        elif len(self._entries) < self.capacity:
+            self._entries[key] = _Entry(signature_text(key), growth)
+        else:
+            self._mark_overflow(key)
+
+    def _mark_overflow(self, key: Key) -> None:
+        if self._overflow is None:
+            self._overflow = bytearray(self.overflow_bits // 8)
+        bit = hash(key) % self.overflow_bits
+        byte, mask = bit >> 3, 1 << (bit & 7)
+        if not self._overflow[byte] & mask:
+            self._overflow[byte] |= mask
+            self._overflow_set += 1
+
+    def distinct(self) -> int:
+        """Signatures seen: those kept, plus a linear-counting estimate of the others."""
+        bits, marked = self.overflow_bits, self._overflow_set
+        if not marked:
+            return len(self._entries)
+        estimate = -bits * math.log(1 - min(marked, bits - 1) / bits)
+        return len(self._entries) + max(marked, round(estimate))
+
+    def top(self, count: int) -> tuple[ShapeGrowth, ...]:
+        """The signatures that grew memory the most (then the most served)."""
+        best = heapq.nlargest(count, self._entries.values(), key=lambda e: (e.growth, e.batches))
+        return tuple(ShapeGrowth(e.signature, e.batches, e.first_growth, e.growth) for e in best)
+
+
+# --- traced functions ----------------------------------------------------------------------------
+
+def traced(functions: Any) -> tuple[tuple[str, int], ...]:
+    """tf.function Python names by their traced concrete functions, most first."""
+    counts = collections.Counter(python_name(name) for name in functions
+                                 if name.startswith(TRACED_PREFIX))
+    return tuple((name[:MAX_NAME], n) for name, n in counts.most_common(MAX_NAMES))
+
+
+def python_name(function: str) -> str:
+    """``__inference_step_123`` -> ``step``; a SavedModel's signature function is
+    ``signature_wrapper___call__``, a Keras predict step ``one_step_on_data_distributed``."""
+    name = function[len(TRACED_PREFIX):]
+    stem, _, uid = name.rpartition("_")
+    return stem if stem and uid.isdigit() else name
+
+
+def tf_function_names() -> Any:
+    """The names of the functions in TF's eager context (a set); None if TensorFlow is not
+    running here."""
+    ctx = _tf_context()
+    if ctx is None:
+        return None
+    try:
+        return ctx.list_function_names()
+    except Exception:  # a TF that moved its internals: no graph count, never a dead worker
+        return None
+
+
+def _tf_context() -> Any:
+    """TF's eager context if TensorFlow is imported and its context started, else None:
+    asking a context that has not started would start it, after which a handler that
+    configures TF itself could no longer set its threads or GPU memory."""
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+    except Exception:  # see tf_function_names
+        return None
+    return ctx if getattr(ctx, "_initialized", True) else None
+
+
+# --- census ------------------------------------------------------------------------------------
+
+@dataclass
+class Census:
+    """Live objects counted by type when Python's heap grew; what grew since the last one."""
+
+    counts: dict[str, int] | None = None  # by type name, at the last census
+    blocks: int = 0  # py_blocks at the last census
+    next_at: float = 0.0
+    stopped: bool = False  # the last census took longer than MAX_CENSUS_SECONDS
+    grown: tuple[tuple[str, int], ...] = ()  # the types that grew most, by count
+    took: float = 0.0  # seconds the last census took
+
+    def due(self, now: float, blocks: int | None) -> bool:
+        if self.stopped or blocks is None or now < self.next_at:
+            return False
+        # The first census is the baseline the next one is compared with.
+        return self.counts is None or blocks - self.blocks >= CENSUS_BLOCKS
+
+    def take(self, now: float, blocks: int | None, objects: Callable[[], list[Any]],
+             clock: Callable[[], float]) -> None:
+        start = clock()
+        counts = count_types(objects())
+        self.took = clock() - start
+        if self.counts is not None:
+            deltas = ((name, n - self.counts.get(name, 0)) for name, n in counts.items())
+            self.grown = tuple(heapq.nlargest(MAX_NAMES, ((name[:MAX_NAME], d)
+                                                          for name, d in deltas if d > 0),
+                                              key=lambda item: item[1]))
+        self.counts, self.blocks = counts, blocks or 0
+        self.next_at = now + max(CENSUS_INTERVAL, self.took / BUDGET)
+        self.stopped = self.took > MAX_CENSUS_SECONDS
+
+
+def count_types(objects: list[Any]) -> dict[str, int]:
+    """Live objects by type name (the MAX_TYPES most numerous); a stride of at most
+    CENSUS_SAMPLE of them when there are more, scaled back up."""
+    stride = max(1, -(-len(objects) // CENSUS_SAMPLE))
+    sample = objects[::stride] if stride > 1 else objects
+    by_type = collections.Counter(map(type, sample))  # counted in C: names only per type
+    del sample, objects  # the census must not keep every object alive
+    named: collections.Counter[str] = collections.Counter()
+    for kind, n in by_type.items():
+        named[type_name(kind)] += n * stride
+    return dict(named.most_common(MAX_TYPES))
+
+
+def type_name(kind: type) -> str:
+    module = getattr(kind, "__module__", None)
+    name = str(getattr(kind, "__qualname__", None) or getattr(kind, "__name__", "?"))
+    return name if module in (None, "builtins") else f"{module}.{name}"
+
+
+# --- process readings -------------------------------------------------------------------------
+
+class Statm:
+    """This process's resident set from /proc/self/statm, kept open and read with pread
+    (measured ~2 µs a read, against ~25 µs for psutil)."""
+
+    def __init__(self) -> None:
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        try:
+            self.fd: int | None = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # not Linux: no per-batch attribution
+            self.fd = None
+
+    def read(self) -> int | None:
+        if self.fd is None:
+            return None
+        try:
+            return int(os.pread(self.fd, 256, 0).split(None, 2)[1]) * self.page
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def native_heap_reader() -> Callable[[], int | None]:
+    """Bytes in use on glibc's heap (arenas + mmapped chunks), or a reader of None where
+    the C library has no mallinfo2 (glibc < 2.33, musl): mallinfo's int fields wrap at
+    2 GiB, which is worse than no reading."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return lambda: None
+    mallinfo2.restype = _Mallinfo2
+    mallinfo2.argtypes = []
+
+    def read() -> int | None:
+        info = mallinfo2()
+        return int(info.uordblks + info.hblkhd)
+
+    return read
+
+
+class TfAllocator:
+    """Bytes in use in TF's allocators, summed over the devices that report them (GPUs;
+    TF 2.21 refuses for CPU). The devices are found once, at the first reading after TF
+    started."""
+
+    def __init__(self) -> None:
+        self.devices: list[str] | None = None
+
+    def read(self) -> int | None:
+        tf = sys.modules.get("tensorflow")
+        if tf is None or _tf_context() is None:  # not started: asking would start it
+            return None
+        try:
+            if self.devices is None:
+                self.devices = [d.name for d in tf.config.list_logical_devices()
+                                if _reports(tf, d.name)]
+            if not self.devices:
+                return None
+            return sum(int(tf.config.experimental.get_memory_info(d)["current"])
+                       for d in self.devices)
+        except Exception:  # advisory, like runtime.tf_memory_info
+            return None
+
+
+def _reports(tf: Any, device: str) -> bool:
+    try:
+        tf.config.experimental.get_memory_info(device)
+    except Exception:  # ValueError: "memory statistics not tracked" (CPU)
+        return False
+    return True
