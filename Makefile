@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(PY) -m bench.mlp $(BENCH_ARGS)
 	$(PY) -m bench.leak_bound $(BENCH_ARGS)
 	$(PY) -m bench.footprint $(BENCH_ARGS)
+	$(PY) -m bench.probe_cost $(BENCH_ARGS)
+	$(PY) -m bench.leak_probes $(BENCH_ARGS)
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,7 @@ time; every heartbeat is kept with the worker's RSS read when it arrives. After 
 least-squares fit over the heartbeats; the last heartbeat gives the traced names, the
 signatures that grew memory most and the census. Handlers: tests/leak_handlers.py.
 
-    python -m bench.leak_probes [--scale 1.0] [--case NAME ...]
+    python -m bench.leak_probes [--scale 1.0] [--case NAME ...] [--quick]
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def _floats(rows: int, width: int, rng: np.random.Generator, name: str = "x") ->
 CASES = [
     Case("a_retrace_shapes", "tf.function without input_signature, batch size 1-2048",
          _handler("tests.leak_handlers:retrace_shapes"),
-         lambda i, rng: _floats(int(rng.integers(1, 2049)), 16, rng), 2000),
+         lambda i, rng: _floats(int(rng.integers(1, 2049)), 16, rng), 3000),
     Case("b_retrace_scalar", "tf.function called with a new Python int each call",
          _handler("worker.tf_handlers:retracing", width=16),
          lambda i, rng: _floats(4, 16, rng), 2000),
@@ -225,6 +225,8 @@ CASES = [
          lambda i, rng: _floats(1, 64, rng, "features"), 2000),
     Case("g_healthy", "the demo MLP SavedModel, batch sizes 1/2/4/8",
          _demo, lambda i, rng: _floats(1 << (i % 4), 64, rng, "features"), 6000),
+    Case("h_batch_sizes", "the demo MLP SavedModel, batch size 1-399 (design brief's table)",
+         _demo, lambda i, rng: _floats(int(rng.integers(1, 400)), 64, rng, "features"), 4000),
 ]
 
 
@@ -328,9 +330,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="times each case's jobs")
     parser.add_argument("--case", action="append", help="run only these cases")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the jobs")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    run(args.scale, args.case, args.out)
+    run(args.scale / 10 if args.quick else args.scale, args.case, args.out)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 
 from supervisor.config import Config, config_reference, config_schema, doors, load_config
-from supervisor.reasons import ExitCause, Hold
+from supervisor.render import render_explain, render_status
 from supervisor.settings import ConfigErrors
-from supervisor.units import format_duration, format_size
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -165,6 +164,23 @@ def cmd_top(args: argparse.Namespace) -> int:
         return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from supervisor.client import JobError, control
+
+    endpoint = _door(args, admin=False)
+    try:
+        report = control(endpoint, "explain", timeout=args.timeout, model=args.model,
+                         **_curve_args(args))
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_explain(report))
+    return 0
+
+
 def cmd_recycle(args: argparse.Namespace) -> int:
     from supervisor.client import JobError, control
 
@@ -194,82 +210,6 @@ def cmd_reload(args: argparse.Namespace) -> int:
     print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
                           or "no changes"))
     return 0
-
-
-def render_status(report: dict[str, Any]) -> str:
-    rows = [("MODEL", "WORKER", "PID", "STATE", "MEMORY", "GROWTH/1K", "GROWTH/H", "TO LIMIT",
-             "VRAM", "JOBS", "AGE", "SLOT", "NOTE")]
-    notes = []
-    for name, model in sorted(report["models"].items()):
-        for w in model["workers"]:
-            growth_1k = _signed(w.get("growth_per_1k_jobs"))
-            growth_h = _signed(w.get("growth_per_hour"))
-            rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w.get("memory")),
-                         growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
-                         format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
-                         str(w.get("slot", "-")), _worker_note(w, model.get("limits") or {})))
-        notes.append(_model_note(name, model))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
-    return "\n".join([*lines, "", *notes])
-
-
-def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
-    """What an operator should know about one worker, in words: a limit it is over, why it
-    is leaving, a recycle that waits, or that its trend is not judged yet."""
-    parts = []
-    for limit in w.get("over_limits") or []:
-        figure = w.get("vram") if limit == "max_vram" else w.get("memory")
-        parts.append(f"OVER {limit} ({format_size(figure)} >= {format_size(limits.get(limit))})")
-    held = w.get("recycle_held_back")
-    if held and held["why"] == Hold.BACKOFF:
-        parts.append(f"serving on: its replacement ({held['reason']}) fails to start, "
-                     "retried with back-off")
-    elif held:
-        parts.append(f"recycle ({held['reason']}) held back: max_concurrent_recycles "
-                     "already under way")
-    elif w.get("recycle_reason"):
-        parts.append(f"leaving: {w['recycle_reason']}")
-    if not parts and not w.get("warmed_up"):
-        parts.append("policy warm-up")
-    return "; ".join(parts)
-
-
-def _model_note(name: str, model: dict[str, Any]) -> str:
-    recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
-    state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
-    last = model.get("last_recycle")
-    last_text = f"; last: {last['reason']} ({last['worker']}, " \
-                f"{format_duration(last['seconds_ago'])} ago)" if last else ""
-    paused_text = "; POLICY TOO TIGHT: young workers keep being recycled for memory " \
-                  "(docs/policy.md)" if model.get("policy_too_tight") else ""
-    held = model.get("recycles_held_back") or 0
-    held_text = f"; {held} recycle(s) HELD BACK (see NOTE)" if held else ""
-    over = sum(1 for w in model["workers"] if w.get("over_limits"))
-    over_text = f"; {over} worker(s) OVER A LIMIT, on their way out" if over else ""
-    exits = model.get("exits") or {}
-    exits_text = "; exits: " + ", ".join(f"{k}={v}" for k, v in sorted(exits.items())) \
-        if exits else ""
-    unexpected = model.get("last_unexpected_exit")
-    unexpected_text = f"; LAST UNEXPECTED EXIT: {unexpected['cause']} ({unexpected['worker']} " \
-                      f"slot {unexpected['slot']}, {unexpected['exit']}, " \
-                      f"{format_duration(unexpected['seconds_ago'])} ago)" if unexpected else ""
-    if unexpected and unexpected["cause"] == ExitCause.KILLED_EXTERNALLY:
-        unexpected_text += ": a SIGKILL the supervisor did not send, possibly the OOM killer"
-    batches = model.get("batches") or {}
-    batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
-                 f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
-    return (f"{name}: {state}; queued {model['queued']}, in flight {model['in_flight']}"
-            f"{batch_text}; {model['memory_metric']} limit "
-            f"{format_size(model.get('max_memory'))}; recycles: {recycles}{last_text}"
-            f"{held_text}{over_text}{paused_text}{exits_text}{unexpected_text}")
-
-
-def _signed(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return ("+" if value >= 0 else "") + format_size(value)
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
@@ -338,10 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
         if config:
             p.add_argument("-c", "--config", default=DEFAULT_CONFIG,
                            help=f"config file (default {DEFAULT_CONFIG})")
-        if name in ("infer", "status", "top", "recycle", "reload"):
+        if name in ("infer", "status", "top", "explain", "recycle", "reload"):
             p.add_argument("--server-key", help="server public certificate (CURVE over TCP)")
             p.add_argument("--client-cert", help="client secret certificate (CURVE over TCP)")
-        if name in ("status", "top"):
+        if name in ("status", "top", "explain"):
             p.add_argument("--control", metavar="ENDPOINT", help="the status endpoint "
                            "(default: supervisor.control of the config)")
         if name in ("recycle", "reload"):
@@ -370,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "required model has a ready worker (probes)")
     top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    explain = add("explain", cmd_explain, "Why a model's workers grow: per worker, the "
+                  "suspected cause and its remedy, the probes' trends, the input shapes and "
+                  "Python types that grew it.")
+    explain.add_argument("model")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.add_argument("--timeout", type=float, default=5.0)
     recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
     recycle.add_argument("model")
     recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.core import Core
+from supervisor.diagnosis import trends
 from supervisor.policy import byte_limits, over_limits
 from supervisor.pool import WorkerHandle
 from supervisor.protocol import TensorSpec
@@ -35,12 +36,40 @@ class Controller:
             return {"ok": False, "error": f"{command!r} changes the service: send it to the "
                     "admin endpoint (supervisor.admin), which only the service user, "
                     "admin_group or curve.admin_clients may reach"}
+        if command == "explain":
+            return self.explain(header.get("model"))
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
             return self.reload()
         return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
-                "recycle, reload"}
+                "explain, recycle, reload"}
+
+    def explain(self, model: object) -> dict[str, Any]:
+        """Per worker of a model: the probes, their trends per 1k jobs over the trend
+        window, the input shapes that grew it most, and the suspected cause (read-only)."""
+        state = self.core.pool.models.get(model) if isinstance(model, str) else None
+        if state is None:
+            return {"ok": False, "error": f"no model named {str(model)[:64]!r}"}
+        policy = state.config.policy
+        workers = []
+        for w in self.core.pool.of_model(state.name):
+            found = trends(list(w.history), w.facts(), policy)
+            probes = w.probes
+            workers.append({
+                "id": w.id, "slot": w.slot, "state": w.state.value, "jobs": w.jobs,
+                "memory": w.assessment.memory, "baseline": w.assessment.baseline,
+                "trends": found.fields(),
+                "probes": probes.to_wire() if probes else None,
+                "probes_at_ready": w.ready_probes.to_wire() if w.ready_probes else None,
+                "probe_cost_per_job": probes.cost_seconds / w.jobs
+                if probes and w.jobs else None,
+                "diagnosis": w.diagnosis.fields() if w.diagnosis else None})
+        return {"ok": True, "result": {"model": state.name, "workers": workers,
+                                       "memory_metric": policy.memory_metric,
+                                       "last_recycle": state.last_recycle and
+                                       {k: v for k, v in state.last_recycle.items()
+                                        if k != "at"}}}
 
     def recycle(self, model: object, worker: object) -> dict[str, Any]:
         if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):
@@ -63,7 +92,7 @@ class Controller:
                 "queued": router.queued(name),
                 "in_flight": sum(1 for j in router.in_flight() if j.model == name),
                 "recycles": dict(state.recycles),
-                "last_recycle": _last_recycle(state.last_recycle, now),
+                "last_recycle": _ago(state.last_recycle, now),
                 "recycles_held_back": sum(1 for w in workers if w["recycle_held_back"]),
                 "exits": {str(cause): n for cause, n in state.exits.items()},
                 "last_unexpected_exit": _ago(state.last_unexpected_exit, now),
@@ -105,7 +134,10 @@ class Controller:
                 "growth_per_1k_jobs": a.growth_per_1k_jobs,
                 "growth_per_hour": a.growth_per_hour,
                 "seconds_to_limit": a.seconds_to_limit,
-                "recycle_reason": str(worker.reason) if worker.reason else None}
+                "recycle_reason": str(worker.reason) if worker.reason else None,
+                # why it grows, once its trend is judged suspect (diagnosis.py)
+                "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
+                "suspected": worker.diagnosis.summary if worker.diagnosis else None}
 
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
@@ -119,9 +151,3 @@ def _ago(event: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
     return {**{k: v for k, v in event.items() if k != "at"},
             "seconds_ago": round(now - event["at"], 1)}
 
-
-def _last_recycle(last: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
-    if last is None:
-        return None
-    return {"reason": last["reason"], "worker": last["worker"],
-            "seconds_ago": round(now - last["at"], 1)}

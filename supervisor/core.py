@@ -323,7 +323,8 @@ class Core:
         for worker_id, reading in readings.items():
             worker = self.pool.workers.get(worker_id)
             if worker is not None:
-                worker.history.add(Sample(now, worker.jobs, reading.memory, reading.vram))
+                worker.history.add(Sample(now, worker.jobs, reading.memory, reading.vram,
+                                          worker.probes))
                 sampled.append(worker)
         self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
         floor = self.config.supervisor.min_available_memory

@@ -6,6 +6,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from supervisor.probes import Probes
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -15,6 +17,7 @@ class Sample:
     jobs: int
     memory: int
     vram: int | None = None
+    probes: Probes | None = None  # the worker's latest probes at the time (its heartbeats)
 
 
 class History:

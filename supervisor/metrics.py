@@ -84,7 +84,7 @@ class ModelRow:
     queued: int
     held_back: int  # recycles the policy wants that wait (recycling.held_back)
     states: tuple[tuple[str, int], ...]  # (state, workers), non-zero ones and always ready
-    recycles: tuple[tuple[str, int], ...]  # (reason, count) of those that happened
+    recycles: tuple[tuple[str, str, int], ...]  # (reason, cause, count) of those that happened
     exits: tuple[tuple[str, int], ...]  # (cause, count), every cause that can happen
     limits: tuple[tuple[str, int], ...]  # (limit, bytes) of those set
 
@@ -125,7 +125,8 @@ def model_rows(pool: Pool, router: Router) -> tuple[ModelRow, ...]:
         rows.append(ModelRow(
             name, state.config.workers, not state.unavailable, router.queued(name),
             held_back=sum(1 for w in workers if held_back(pool, w) is not None),
-            states=states, recycles=tuple(sorted(state.recycles.items())),
+            states=states,
+            recycles=tuple((r, c, n) for (r, c), n in sorted(state.recycle_causes.items())),
             exits=tuple((c.value, state.exits.get(c, 0)) for c in ExitCause
                         if state.exits.get(c) or _can_happen(c, state.config.policy)),
             limits=tuple((r.value, v) for r, v in byte_limits(state.config.policy))))
@@ -265,8 +266,10 @@ def families(snap: Snapshot) -> list[Metric]:
     configured = GaugeMetricFamily("tfsupervisor_workers_configured", "Workers the model is "
                                    "configured to have.", labels=["model"])
     queue = GaugeMetricFamily("tfsupervisor_queue_depth", "Jobs queued.", labels=["model"])
-    recycles = CounterMetricFamily("tfsupervisor_recycles", "Worker recycles by reason.",
-                                   labels=["model", "reason"])
+    recycles = CounterMetricFamily("tfsupervisor_recycles", "Worker recycles by reason, and "
+                                   "by the suspected cause of a memory recycle ('none' for "
+                                   "the others; docs/policy.md).",
+                                   labels=["model", "reason", "cause"])
     held = GaugeMetricFamily("tfsupervisor_recycles_held_back", "Recycles the policy wants "
                              "that wait: max_concurrent_recycles already under way, or the "
                              "replacement failing to start (back-off).", labels=["model"])
@@ -282,8 +285,8 @@ def families(snap: Snapshot) -> list[Metric]:
             states.add_metric([m.model, state], count)
         configured.add_metric([m.model], m.configured)
         queue.add_metric([m.model], m.queued)
-        for reason, count in m.recycles:
-            recycles.add_metric([m.model, reason], count)
+        for reason, cause, count in m.recycles:
+            recycles.add_metric([m.model, reason, cause], count)
         held.add_metric([m.model], m.held_back)
         for cause, count in m.exits:
             exits.add_metric([m.model, cause], count)

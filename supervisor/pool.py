@@ -19,13 +19,18 @@ from typing import Any
 from supervisor import logs
 from supervisor.actions import Action, Spawn
 from supervisor.config import Config, ModelConfig
+from supervisor.diagnosis import Cause, Diagnosis
 from supervisor.exitcodes import describe_exit
 from supervisor.history import History
-from supervisor.policy import Assessment
+from supervisor.policy import Assessment, WorkerFacts
+from supervisor.probes import Probes
 from supervisor.protocol import TensorSpec
 from supervisor.reasons import ExitCause, Reason
 
 log = logs.get("pool")
+
+# The cause of a recycle that is not about memory (manual, reload, max_jobs, ...).
+NO_CAUSE = "none"
 
 # Back-off after a worker fails before becoming ready: 1 s, 2 s, 4 s ... up to this.
 MAX_BACKOFF = 60.0
@@ -70,6 +75,9 @@ class WorkerHandle:
     history: History = field(default_factory=History)
     assessment: Assessment = field(default_factory=Assessment)  # the policy's latest numbers
     trend_streak: int = 0  # consecutive evaluations over a trend limit
+    probes: Probes | None = None  # the latest its heartbeats carried
+    ready_probes: Probes | None = None  # the first after it became ready: totals over its life
+    diagnosis: Diagnosis | None = None  # why it grows, while it is suspect (diagnosis.py)
     # A recycle the policy wants at its last judgement that waits for a free recycle slot
     # (max_concurrent_recycles); None once it starts or is no longer wanted.
     held_back: Reason | None = None
@@ -79,6 +87,11 @@ class WorkerHandle:
         """On its way out. A READY worker that is leaving serves on until its replacement
         is ready (surge); no other leaving worker is sent anything."""
         return self.reason is not None
+
+    def facts(self) -> WorkerFacts:
+        """What the policy needs to know about this worker besides its samples."""
+        return WorkerFacts(self.started_at, self.jobs, self.jitter, self.trend_streak,
+                           self.ready_at, self.assessment.baseline)
 
     @property
     def killed(self) -> bool:
@@ -103,6 +116,8 @@ class ModelState:
     backoff_until: float = 0.0
     last_error: str | None = None
     recycles: dict[str, int] = field(default_factory=dict)
+    # (reason, cause) -> count: bounded, both are closed sets
+    recycle_causes: dict[tuple[str, str], int] = field(default_factory=dict)
     last_recycle: dict[str, Any] | None = None
     churn: int = 0  # memory recycles in a row of workers younger than policy.min_lifetime
     next_alarm: float = 0.0  # policy_too_tight is repeated no more often than this
@@ -213,14 +228,29 @@ class Pool:
         tf_memory = header.get("tf_memory")
         worker.tf_memory = tf_memory if isinstance(tf_memory, dict) and all(
             isinstance(k, str) and isinstance(v, int) for k, v in tf_memory.items()) else None
+        probes = Probes.from_wire(header.get("probes"))
+        if probes is not None:
+            worker.probes = probes
+            if worker.ready_probes is None and worker.state is State.READY:
+                worker.ready_probes = probes
 
     def add_model(self, name: str, config: ModelConfig) -> None:
         self.models[name] = ModelState(name, config)
 
-    def count_recycle(self, worker: WorkerHandle, reason: Reason, now: float) -> None:
+    def count_recycle(self, worker: WorkerHandle, reason: Reason, now: float,
+                      diagnosis: Diagnosis | None = None) -> None:
+        """A recycle begins: counted by reason, and by reason and cause (the diagnosis of a
+        memory recycle; NO_CAUSE for the others)."""
         state = self.models[worker.model]
         state.recycles[reason.value] = state.recycles.get(reason.value, 0) + 1
-        state.last_recycle = {"reason": reason.value, "worker": worker.id, "at": now}
+        cause = diagnosis.cause.value if diagnosis else \
+            (Cause.UNKNOWN.value if reason.memory else NO_CAUSE)
+        key = (reason.value, cause)
+        state.recycle_causes[key] = state.recycle_causes.get(key, 0) + 1
+        state.last_recycle = {"reason": reason.value, "worker": worker.id, "at": now,
+                              "cause": cause,
+                              "summary": diagnosis.summary if diagnosis else None,
+                              "remedy": diagnosis.remedy if diagnosis else None}
 
     def count_exit(self, worker: WorkerHandle, cause: ExitCause, code: int, now: float) -> None:
         state = self.models[worker.model]

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor import logs
+from supervisor.diagnosis import Diagnosis, diagnose
 from supervisor.lifecycle import Lifecycle
-from supervisor.policy import Action, Verdict, WorkerFacts, evaluate, pressure_victim
+from supervisor.policy import Action, Verdict, evaluate, pressure_victim
 from supervisor.pool import ModelState, Pool, State, WorkerHandle
 from supervisor.reasons import Hold, Reason
 from supervisor.router import Router
@@ -81,10 +82,12 @@ class Recycler:
                 self.pool.workers.get(worker.id) is not worker:
             return None
         policy = self.pool.models[worker.model].config.policy
-        facts = WorkerFacts(worker.started_at, worker.jobs, worker.jitter,
-                            worker.trend_streak, worker.ready_at, worker.assessment.baseline)
-        verdict = evaluate(list(worker.history), facts, policy, now)
+        facts = worker.facts()
+        history = list(worker.history)
+        verdict = evaluate(history, facts, policy, now)
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
+        worker.diagnosis = diagnose(history, facts, policy, verdict.assessment, verdict.reason,
+                                    worker.ready_probes)
         reason = verdict.reason
         crossed = reason is not None and (verdict.action is Action.KILL or reason.over_limit)
         starting = worker.state is State.STARTING
@@ -183,7 +186,7 @@ class Recycler:
         state = self.pool.models[worker.model]
         first = not worker.leaving
         if first:
-            self.pool.count_recycle(worker, reason, now)
+            self.pool.count_recycle(worker, reason, now, self._diagnosis(worker, reason))
             self._note_churn(worker, reason, now)
         self.requested.pop(worker.id, None)
         surge = state.config.policy.surge and not reason.over_limit
@@ -198,7 +201,7 @@ class Recycler:
     def kill(self, worker: WorkerHandle, verdict: Verdict, now: float) -> None:
         reason = verdict.reason or Reason.KILL_MEMORY
         if not worker.leaving:  # a leaving worker's recycle was counted when it began
-            self.pool.count_recycle(worker, reason, now)
+            self.pool.count_recycle(worker, reason, now, self._diagnosis(worker, reason))
             self._note_churn(worker, reason, now)
         log.warning("worker_killed", **self.event(worker, reason, verdict, now))
         self.lifecycle.kill(worker, reason, now)
@@ -226,10 +229,24 @@ class Recycler:
                   hint="recycles go on (a limit is a limit); raise the limit above the "
                   "measured baseline, or fix the leak (docs/policy.md)")
 
+    def _diagnosis(self, worker: WorkerHandle, reason: Reason) -> Diagnosis | None:
+        """Why a worker recycled for memory grew: the one from its last judgement, or made
+        now (a host-pressure victim, a limit crossed on a sample taken outside a poll)."""
+        if not reason.memory:
+            return None
+        if worker.diagnosis is None:
+            policy = self.pool.models[worker.model].config.policy
+            worker.diagnosis = diagnose(list(worker.history), worker.facts(), policy,
+                                        worker.assessment, reason, worker.ready_probes)
+        return worker.diagnosis
+
     def event(self, worker: WorkerHandle, reason: Reason, verdict: Verdict,
               now: float) -> dict[str, Any]:
+        found = self._diagnosis(worker, reason)
         return {"model": worker.model, "worker": worker.id, "pid": worker.pid,
                 "reason": str(reason), "detail": verdict.detail, "jobs": worker.jobs,
                 "age_seconds": round(now - worker.started_at, 1),
                 "in_flight": len(self.router.held_by(worker.id)),
-                **verdict.assessment.fields()}
+                **verdict.assessment.fields(),
+                **({"cause": found.cause.value, "summary": found.summary,
+                    "remedy": found.remedy, "evidence": found.evidence} if found else {})}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import footprint, roundtrip, throughput
+from bench import footprint, probe_cost, roundtrip, throughput
 
 
 def _written(out: Path, name: str) -> dict[str, object]:
@@ -34,6 +34,24 @@ def test_footprint_smoke(tmp_path: Path) -> None:
     footprint.run(2.0, 1.0, tmp_path)
     result = _written(tmp_path, "footprint")
     assert int(str(result["jobs"])) > 0
+
+
+def test_probe_cost_smoke(tmp_path: Path) -> None:
+    probe_cost.run(0.1, tmp_path, demo=False)  # the demo MLP needs TF: echo only
+    result = _written(tmp_path, "probe_cost")
+    [echo] = result["results"]  # type: ignore[misc]
+    assert echo["jobs_on"] > 0 and echo["jobs_off"] > 0
+
+
+@pytest.mark.tf
+def test_leak_probes_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    from bench import leak_probes
+
+    leak_probes.run(0.01, ["d_native_leak"], tmp_path)
+    [case] = _written(tmp_path, "leak_probes")["results"]  # type: ignore[misc]
+    assert case["jobs"] == 40 and case["exit_code"] == 0
+    assert case["traced"] == [["forward", 1]]
 
 
 @pytest.mark.tf

@@ -15,13 +15,13 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.cli import render_status
 from supervisor.config import parse_config
 from supervisor.control import Controller
 from supervisor.exitcodes import WorkerExit
 from supervisor.metrics import Metrics, slot_rows
 from supervisor.pool import State
 from supervisor.reasons import ExitCause, Reason, exit_cause
+from supervisor.render import render_status
 from tests.test_core_cases import World
 from tests.test_core_model import valid
 

@@ -113,11 +113,22 @@ def test_the_table_keeps_at_most_its_capacity_and_counts_the_rest() -> None:
         table.record(signature_key(x(rows)), 0)
     for rows in range(1, 2001):  # seen before: not new again, kept or not
         table.record(signature_key(x(rows)), 0)
-    assert len(table._entries) == 4
+    assert len(table.entries) == 4
     assert table._overflow is not None and len(table._overflow) == 2**16 // 8
     assert 1900 <= table.distinct() <= 2100  # linear counting: exact within a few %
     assert [s.batches for s in table.top(MAX_NAMES)] == [2, 2, 2, 2]
     assert not table.is_new(signature_key(x(3000)))  # full: nothing is new any more
+
+
+def test_batches_beyond_the_table_are_counted_but_not_measured(fake: Fake) -> None:
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    recorder.shapes = ShapeTable(capacity=2, overflow_bits=2**12)
+    runner = recorder.wrap(model(fake, grows=dict.fromkeys(range(1, 11), 4096)))
+    for rows in range(1, 11):
+        runner(x(rows))
+    assert fake.readings["rss"] == 4  # before and after the two it keeps
+    assert recorder.shapes.distinct() == 10
+    assert [s.first_growth for s in recorder.shapes.top(MAX_NAMES)] == [4096, 4096]
 
 
 def test_distinct_signatures_are_exact_within_capacity() -> None:
@@ -181,14 +192,14 @@ def test_rss_reads_stay_within_budget_but_a_new_signature_is_always_measured(
     for _ in range(3000):
         runner(x(1))
     entry = recorder.shapes.top(1)[0]
-    measured = recorder.shapes._entries[signature_key(x(1))].measured
+    measured = recorder.shapes.entries[signature_key(x(1))].measured
     assert entry.batches == 3000 and entry.first_growth == 1000
     allowed = 3000 * 0.001 * BUDGET / 20e-6  # the budget's share of 3 s, in reads of 20 µs
     assert 0.8 * allowed < measured < 1.2 * allowed, (measured, allowed)
     assert entry.growth == 3000 * 1000  # every batch grew alike: the estimate is exact
     assert recorder.cost <= BUDGET * fake.clock * 1.2
     reads = fake.readings["rss"]
-    recorder._allowance = -1.0  # spent, for as long as this test runs
+    recorder._countdown = 10**6  # no known signature is due, for as long as this test runs
     for rows in range(2, 12):  # new signatures
         runner(x(rows))
     assert all(s.first_growth == 0 and s.batches == 1 for s in recorder.shapes.top(11)[1:])

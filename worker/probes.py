@@ -10,12 +10,17 @@ heap (glibc mallinfo2) and TF's allocators; when Python's blocks have grown, at 
 minute, a census of live objects by type. Each sample ends in a new immutable
 :class:`~supervisor.probes.Probes` the heartbeat thread sends as it is.
 
-Every reading is spaced so that probes cost at most ``BUDGET`` of the serving thread's time
-whatever their size (a process that retraced 100k graphs takes ~20 ms to list them), and a
-census that takes longer than ``MAX_CENSUS_SECONDS`` is not taken again: it stalls serving.
+Counting a batch's signature is the one fixed cost (~1 µs a batch; several µs in a TF
+worker, where the Python that follows a model call runs with cold caches). Everything else
+is paced by what it costs, so that each part takes at most ``BUDGET`` of the serving
+thread's time whatever its size: the RSS reads around batches of known signatures, the
+samples (a process that retraced 100k graphs takes ~20 ms to list them), the censuses; and
+a census that takes longer than ``MAX_CENSUS_SECONDS`` is not taken again: it stalls serving.
+Measured: bench/results/probe_cost.md.
 
-Readings come from :class:`Sources` (this process by default; tests pass fakes), and time
-comes in as ``now``; only the probes' own cost is read from a clock.
+Readings come from :class:`Sources` (this process by default; tests pass fakes). Time comes
+in as ``now``; the clock of ``Sources`` only times the probes themselves, which is what
+paces the RSS reads.
 """
 
 from __future__ import annotations
@@ -44,17 +49,18 @@ MAX_SIGNATURES = 1024
 # table fills): distinct ones are estimated by linear counting, exact to about 1 % up to
 # ~100k and never unbounded.
 OVERFLOW_BITS = 2**20
-# Fraction of the serving thread's time each half of the probes may take: the samples
-# between batches (one that took longer than BUDGET * heartbeat interval pushes the next one
-# further out), and the RSS reads around batches (measured: ~4 µs a batch, up to 20 µs in a
-# TF worker on 2 busy cores, where the first syscall after a model call runs cold; against
-# ~1 ms for a batch of the demo MLP). A batch of a signature never seen is always measured.
-BUDGET = 0.003
-# Attribution time the budget may save up while the worker is idle (then spent on a burst).
-MAX_ALLOWANCE = 0.01
-# A census runs when Python's allocated blocks grew by this many since the last one (~3 to
-# 50 MB of small objects), and at most once per CENSUS_INTERVAL seconds.
-CENSUS_BLOCKS = 100_000
+# Fraction of the serving thread's time each optional part of the probes may take: the
+# samples between batches (one that took longer than BUDGET * heartbeat interval pushes the
+# next one further out), the censuses, and the RSS reads around batches (measured: ~4 µs a
+# batch, up to 20 µs in a TF worker on 2 busy cores, where the Python and syscalls that
+# follow a model call run with cold caches; against ~1.3 ms for a batch of the demo MLP).
+# A batch of a signature never seen is always measured, and every batch is counted.
+BUDGET = 0.002
+# At least one batch in this many is measured, whatever its reads cost.
+MAX_SKIP = 10_000
+# A census runs when Python's allocated blocks grew by this many since the last one (~0.5 to
+# 10 MB of small objects), and at most once per CENSUS_INTERVAL seconds.
+CENSUS_BLOCKS = 20_000
 CENSUS_INTERVAL = 60.0
 # Objects counted per census; past this the census counts an even stride of them and
 # scales up (a leak of millions of objects still shows which types they are).
@@ -109,45 +115,89 @@ class ProbeRecorder:
         self.sources = sources or Sources.process()
         self.shapes = ShapeTable()
         self.census = Census()
-        self.cost = 0.0
+        self.cost = 0.0  # seconds, all probes
+        self.batch_cost = 0.0  # of which around batches (the rest: samples and censuses)
         self.latest = Probes()
         self._next_sample = now
-        self._allowance = 0.0  # seconds of RSS reads the budget allows now
-        self._last_batch = self.sources.clock()
+        # Batches of known signatures to let pass before the next one measured, and the
+        # countdown as it was set (their difference: batches since the last measured one).
+        self._countdown = self._scheduled = 0
+        self._last_measured = self.sources.clock()
+        self._unmeasured = 0  # batches counted but not timed, not yet in cost
+        self._per_batch = 0.0  # seconds the counting takes a batch, from the timed ones
         self.between(now)
 
     def wrap(self, runner: Runner) -> Runner:
         """The runner, its calls counted by signature and, as the budget allows, measured:
         RSS before and after, growth credited to the signature. A call that raises is
-        counted too (a failing shape can leak)."""
+        counted too (a failing shape can leak).
+
+        Every batch pays for its key and its count; only the RSS reads are optional, and
+        they are what BUDGET bounds: after a measured batch, as many batches go unmeasured
+        as keep the reads' share of the time under BUDGET. Batches not measured are not
+        timed either (clock reads are most of the counting's cost): they are charged at
+        what the counting took in those that were. The common case, a known signature, is
+        written out here rather than through ShapeTable.record: it runs on every batch."""
         inner = runner.call
-        clock, rss = self.sources.clock, self.sources.rss
+        clock, rss, shapes = self.sources.clock, self.sources.rss, self.shapes
+        entries = shapes.entries
 
         def call(inputs: dict[str, Any]) -> Mapping[str, Any]:
-            start = clock()
+            due = self._countdown <= 0
+            start = clock() if due else 0.0
             key = _key(inputs)
-            measured = key is not None and self.measure(key, start)
-            before = rss() if measured else None
+            entry = entries.get(key) if key is not None else None
+            if entry is not None:
+                entry.batches += 1
+                measured = due
+            elif key is not None:
+                measured = shapes.is_new(key)  # a new signature: its first batch is where
+                if not measured:               # it costs; beyond the table, counted only
+                    shapes.record(key, None)
+            else:
+                measured = False
+            self._countdown -= 1
+            if not measured:
+                self._unmeasured += 1
+                return inner(inputs)
+            counted = clock()
+            begin, counting = (start, counted - start) if due else (counted, None)
+            before = rss()
             running = clock()
             try:
                 return inner(inputs)
             finally:
                 resumed = clock()
-                if key is not None:
-                    self.shapes.record(key, _growth(before, rss()) if measured else None)
-                spent = (running - start) + (clock() - resumed)
-                self.cost += spent
-                self._allowance -= spent
+                growth = _growth(before, rss())
+                if entry is None:
+                    if key is not None:  # always so when measured
+                        shapes.record(key, growth)
+                elif growth is not None:
+                    entry.measured += 1
+                    entry.measured_growth += growth
+                self.account_measured(begin, (running - begin) + (clock() - resumed), counting,
+                                      scheduled=entry is not None)
 
         return Runner(call, runner.inputs, runner.outputs, keepalive=runner.keepalive)
 
-    def measure(self, key: Key, now: float) -> bool:
-        """Whether to read RSS around this batch: always for a new signature (its first
-        batch is where a retrace or a new shape's caches cost), else while the probes have
-        spent less than BUDGET of the time so far."""
-        self._allowance = min(MAX_ALLOWANCE, self._allowance + (now - self._last_batch) * BUDGET)
-        self._last_batch = now
-        return self._allowance > 0 or self.shapes.is_new(key)
+    def account_measured(self, start: float, spent: float, counting: float | None,
+                         scheduled: bool) -> None:
+        """A measured batch began at ``start`` and its probes took ``spent`` seconds, of
+        which ``counting`` (None if not timed) for its key and count. After one that was
+        ``scheduled`` (a known signature's, when the countdown ran out; not a new one's),
+        let as many batches pass unmeasured as keep the measured ones' share of the time
+        within BUDGET."""
+        self.cost += spent
+        self.batch_cost += spent
+        if counting is not None:
+            self._per_batch = counting if not self._per_batch else \
+                0.8 * self._per_batch + 0.2 * counting
+        if not scheduled:
+            return
+        batches = max(1, self._scheduled - self._countdown)
+        period = max(start - self._last_measured, 1e-9) / batches
+        self._countdown = self._scheduled = min(MAX_SKIP, math.ceil(spent / (BUDGET * period)) - 1)
+        self._last_measured = start
 
     def between(self, now: float) -> None:
         """Between batches (or while idle): sample what is due and publish a new snapshot."""
@@ -162,6 +212,9 @@ class ProbeRecorder:
     def _sample(self, now: float) -> None:
         clock, sources = self.sources.clock, self.sources
         start = clock()
+        untimed, self._unmeasured = self._unmeasured * self._per_batch, 0
+        self.cost += untimed
+        self.batch_cost += untimed
         functions = sources.functions()
         blocks = sources.py_blocks()
         graphs = None if functions is None else len(functions)
@@ -232,24 +285,24 @@ class ShapeTable:
 
     def __init__(self, capacity: int = MAX_SIGNATURES, overflow_bits: int = OVERFLOW_BITS) -> None:
         self.capacity, self.overflow_bits = capacity, overflow_bits
-        self._entries: dict[Key, _Entry] = {}
+        self.entries: dict[Key, _Entry] = {}
         self._overflow: bytearray | None = None
         self._overflow_set = 0
 
     def is_new(self, key: Key) -> bool:
         """Whether a batch of this signature would be the first one kept."""
-        return len(self._entries) < self.capacity and key not in self._entries
+        return len(self.entries) < self.capacity and key not in self.entries
 
     def record(self, key: Key, growth: int | None) -> None:
         """One batch of this signature; ``growth``: its RSS growth, None if not measured."""
-        entry = self._entries.get(key)
+        entry = self.entries.get(key)
         if entry is not None:
             entry.batches += 1
             if growth is not None:
                 entry.measured += 1
                 entry.measured_growth += growth
-        elif len(self._entries) < self.capacity:
-            self._entries[key] = _Entry(signature_text(key), growth)
+        elif len(self.entries) < self.capacity:
+            self.entries[key] = _Entry(signature_text(key), growth)
         else:
             self._mark_overflow(key)
 
@@ -266,13 +319,13 @@ class ShapeTable:
         """Signatures seen: those kept, plus a linear-counting estimate of the others."""
         bits, marked = self.overflow_bits, self._overflow_set
         if not marked:
-            return len(self._entries)
+            return len(self.entries)
         estimate = -bits * math.log(1 - min(marked, bits - 1) / bits)
-        return len(self._entries) + max(marked, round(estimate))
+        return len(self.entries) + max(marked, round(estimate))
 
     def top(self, count: int) -> tuple[ShapeGrowth, ...]:
         """The signatures that grew memory the most (then the most served)."""
-        best = heapq.nlargest(count, self._entries.values(), key=lambda e: (e.growth, e.batches))
+        best = heapq.nlargest(count, self.entries.values(), key=lambda e: (e.growth, e.batches))
         return tuple(ShapeGrowth(e.signature, e.batches, e.first_growth, e.growth) for e in best)
 
 

@@ -1,0 +1,278 @@
+"""Why a worker grows: the suspected cause of its memory trend, the evidence, the remedy.
+
+Pure, like the policy: the worker's samples (memory and the probes its heartbeats carried,
+supervisor/probes.py) in, a :class:`Diagnosis` out. The probes' slopes per 1k jobs are fitted
+over the same warmed-up window the trend is judged on, with the same robust estimator, and
+the rules below name the first cause whose evidence is clear. What each cause looks like and
+what fixes it is documented in docs/policy.md ("Why is my worker growing?").
+
+A diagnosis is made only for a worker that is suspect: recycled or about to be for memory,
+or whose memory trend is confidently above a quarter of its growth limit. A worker that is
+flat has no suspected cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from supervisor.config import PolicyConfig
+from supervisor.history import Sample
+from supervisor.policy import MIN_TREND_SAMPLES, Assessment, WorkerFacts, fit, warmed_up
+from supervisor.probes import Probes
+from supervisor.reasons import Reason
+from supervisor.units import format_size as _size
+
+# New traced graphs (or new input signatures) per 1k jobs from which the growth is put down
+# to them: a model that traces once per shape it has not seen, over a bounded set of shapes,
+# stops adding any after warm-up; one more per thousand jobs, steadily, does not stop.
+NEW_PER_1K = 1.0
+# ... and at least this many new ones inside the window (one late trace is not a pattern).
+MIN_NEW = 3
+# Live Python allocations added per 1k jobs, steadily, that make Python objects the suspect
+# (a steady-state server adds none: each request's objects are freed with it).
+PY_BLOCKS_PER_1K = 100.0
+# The most a live Python allocation can stand for when blocks are weighed against memory:
+# pymalloc serves objects up to 512 bytes; a native leak adds a few blocks per 1k jobs
+# (measured: 185 per 1k for 62 MB per 1k), a hoard of small objects tens of thousands.
+BLOCK_BYTES = 512
+# Python types whose objects hold native buffers: a growing count of them explains native
+# heap growth too (the fix is still the Python reference that keeps them).
+BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview")
+# A byte probe (native heap in use, TF allocator, VRAM) explains the growth when its own
+# slope is at least this fraction of the memory slope.
+EXPLAINS = 0.5
+# Suspected before any recycle: a trend confidently above this fraction of its limit.
+SUSPECT_FRACTION = 0.25
+
+_VRAM = frozenset({Reason.MAX_VRAM, Reason.VRAM_GROWTH_PER_1K_JOBS})
+
+
+class Cause(StrEnum):
+    RETRACING = "retracing"
+    NEW_INPUT_SHAPES = "new_input_shapes"
+    PYTHON_OBJECTS = "python_objects"
+    NATIVE_HEAP = "native_heap"
+    TF_ALLOCATOR = "tf_allocator"
+    VRAM_POOL = "vram_pool"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Trends:
+    """Slopes per 1k jobs over the window (None: not measured by this worker), and what
+    the counters added over it."""
+
+    jobs: int = 0  # jobs the window spans
+    samples: int = 0
+    memory: float | None = None  # bytes
+    vram: float | None = None  # bytes
+    graphs: float | None = None
+    shapes: float | None = None
+    py_blocks: float | None = None
+    native_heap: float | None = None  # bytes
+    tf_allocator: float | None = None  # bytes
+    graphs_added: int | None = None
+    shapes_added: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples}
+        for name in ("memory", "vram", "graphs", "shapes", "py_blocks", "native_heap",
+                     "tf_allocator"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"{name}_per_1k_jobs"] = round(value, 1)
+        for name in ("graphs_added", "shapes_added"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: Cause
+    summary: str  # one line, for the status NOTE and the event
+    remedy: str
+    evidence: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        return {"cause": self.cause.value, "summary": self.summary, "remedy": self.remedy,
+                "evidence": self.evidence}
+
+
+def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> Trends:
+    """The probes' slopes over the trend window (what `explain` shows for any worker)."""
+    window = warmed_up(samples, facts, policy)[-policy.trend_window:]
+    if len(window) < MIN_TREND_SAMPLES:
+        return Trends(samples=len(window))
+    jobs = np.array([s.jobs for s in window], dtype=float)
+    probed = [s for s in window if s.probes is not None]
+
+    def slope(values: Sequence[float | int | None], x: np.ndarray = jobs) -> float | None:
+        if len(values) < MIN_TREND_SAMPLES or any(v is None for v in values):
+            return None
+        found = fit(x, np.array(values, dtype=float))
+        return None if found is None else found.value * 1000
+
+    def probe(name: str) -> float | None:
+        if len(probed) < MIN_TREND_SAMPLES:
+            return None
+        x = np.array([s.jobs for s in probed], dtype=float)
+        return slope([getattr(s.probes, name) for s in probed], x)
+
+    def added(name: str) -> int | None:
+        values = [getattr(s.probes, name) for s in probed]
+        if len(values) < 2 or values[0] is None or values[-1] is None:
+            return None
+        return int(values[-1] - values[0])
+
+    return Trends(
+        jobs=int(jobs[-1] - jobs[0]), samples=len(window),
+        memory=slope([s.memory for s in window]), vram=slope([s.vram for s in window]),
+        graphs=probe("graphs"), shapes=probe("shapes"), py_blocks=probe("py_blocks"),
+        native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
+        graphs_added=added("graphs"), shapes_added=added("shapes"))
+
+
+def suspect(assessment: Assessment, reason: Reason | None, policy: PolicyConfig) -> bool:
+    """Recycled (or about to be) for memory, or growing confidently towards a limit."""
+    if reason is not None:
+        return reason.memory
+    growth, limit = assessment.growth_per_1k_jobs, policy.max_growth_per_1k_jobs
+    hourly, hourly_limit = assessment.growth_per_hour, policy.max_growth_per_hour
+    return (growth is not None and limit is not None and growth > SUSPECT_FRACTION * limit) \
+        or (hourly is not None and hourly_limit is not None and
+            hourly > SUSPECT_FRACTION * hourly_limit)
+
+
+def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig,
+             assessment: Assessment, reason: Reason | None, life: Probes | None = None,
+             ) -> Diagnosis | None:
+    """The suspected cause of this worker's growth, or None if it is not suspect.
+    ``life``: its probes when it became ready, so totals can be told over its whole life."""
+    if not suspect(assessment, reason, policy):
+        return None
+    found = trends(samples, facts, policy)
+    latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
+    cause = _cause(found, reason, latest.census if latest is not None else ())
+    summary, remedy = _explain(cause, found, latest, life)
+    evidence = found.fields()
+    if latest is not None:
+        if latest.traced:
+            evidence["traced"] = dict(latest.traced[:3])
+        if latest.top_shapes:
+            evidence["top_shapes"] = [s.to_wire() for s in latest.top_shapes[:3]]
+        if latest.census:
+            evidence["growing_types"] = dict(latest.census[:3])
+    return Diagnosis(cause, summary, remedy, evidence)
+
+
+def _cause(t: Trends, reason: Reason | None,
+           census: tuple[tuple[str, int], ...] = ()) -> Cause:
+    """The first rule whose evidence is clear, most specific first."""
+    if _steady(t.graphs, t.graphs_added):
+        return Cause.RETRACING
+    if _steady(t.shapes, t.shapes_added):
+        return Cause.NEW_INPUT_SHAPES
+    if reason in _VRAM:
+        return Cause.VRAM_POOL
+    growth = t.memory if t.memory is not None and t.memory > 0 else None
+    if _python_objects(t, growth, census):
+        return Cause.PYTHON_OBJECTS
+    if growth is not None and t.tf_allocator is not None and t.tf_allocator >= EXPLAINS * growth:
+        return Cause.TF_ALLOCATOR
+    if growth is not None and t.native_heap is not None:
+        return Cause.NATIVE_HEAP  # live native allocations, or the allocator keeping freed
+    if t.vram is not None and t.vram > 0 and (growth is None or t.memory is None):
+        return Cause.VRAM_POOL
+    return Cause.UNKNOWN
+
+
+def _python_objects(t: Trends, growth: float | None,
+                    census: tuple[tuple[str, int], ...]) -> bool:
+    """Live Python allocations grow steadily and can account for the growth: as small
+    objects (BLOCK_BYTES each at most), or as objects holding native buffers."""
+    if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
+        return False
+    holders = any(name in BUFFER_TYPES and count > 0 for name, count in census)
+    return holders or growth is None or t.py_blocks * BLOCK_BYTES >= EXPLAINS / 2 * growth
+
+
+def _steady(per_1k: float | None, added: int | None) -> bool:
+    return per_1k is not None and per_1k >= NEW_PER_1K and added is not None \
+        and added >= MIN_NEW
+
+
+def _explain(cause: Cause, t: Trends, latest: Probes | None,
+             life: Probes | None) -> tuple[str, str]:
+    """(summary, remedy) in plain words, with the names and figures that decided it."""
+    if cause is Cause.RETRACING:
+        name = f"`{latest.traced[0][0]}`" if latest and latest.traced else "a tf.function"
+        total = _since(latest, life, "graphs")
+        per_job = (t.graphs or 0) / 1000
+        return (f"retracing: {name} traced {total} new graphs since this worker became ready, "
+                f"{per_job:.2g} per job",
+                f"give {name} an input_signature (with None for the dimensions that vary), "
+                "pass tensors rather than Python numbers as its arguments, or pad inputs to "
+                "fixed sizes (batching.allowed_batch_sizes) so it traces once per size")
+    if cause is Cause.NEW_INPUT_SHAPES:
+        total = _since(latest, life, "shapes")
+        shape = f" (e.g. {latest.top_shapes[0].signature})" if latest and latest.top_shapes \
+            else ""
+        return (f"new input shapes: {total} distinct input shapes since this worker became "
+                f"ready{shape}, {(t.shapes or 0) / 1000:.2g} new per job; TensorFlow keeps "
+                "per-shape state for each",
+                "pad inputs to a few fixed sizes: batching.allowed_batch_sizes for the batch "
+                "dimension, fixed buckets for sequence lengths, so the set of shapes is small "
+                "and is covered by warm-up")
+    if cause is Cause.PYTHON_OBJECTS:
+        types = ", ".join(name for name, _ in latest.census[:3]) if latest and latest.census \
+            else "unknown types (no census yet)"
+        remedy = ("find what keeps a reference per request (a cache without a bound, a list "
+                  "appended to, results kept for logging) and bound or drop it; a "
+                  "functools.lru_cache needs a maxsize")
+        if latest and any(n.startswith(("tensorflow.", "keras.")) for n, _ in latest.census):
+            remedy = ("TensorFlow or Keras objects accumulate per request, as Keras "
+                      "model.predict() called per request does: call the model as "
+                      "model(x, training=False) inside one tf.function with an "
+                      "input_signature instead; otherwise " + remedy)
+        return (f"Python objects: {t.py_blocks:,.0f} more live Python allocations per 1k jobs; "
+                f"growing: {types}", remedy)
+    if cause is Cause.TF_ALLOCATOR:
+        return (f"TensorFlow allocator: its bytes in use grow {_size(t.tf_allocator)} per 1k "
+                "jobs",
+                "tensors are kept alive between requests (variables or tf.Tensors stored by "
+                "the handler, growing tf.Variable state); check what the handler keeps")
+    if cause is Cause.VRAM_POOL:
+        return (f"GPU memory pool: VRAM grows {_size(t.vram)} per 1k jobs",
+                "TensorFlow's GPU allocator never returns memory to the driver: cap it with "
+                "tf.gpu_memory_limit, keep memory growth on (tf.gpu_memory_growth), pad "
+                "inputs to fixed sizes, and bound it with policy.max_vram")
+    if cause is Cause.NATIVE_HEAP:
+        heap, memory = t.native_heap or 0.0, t.memory or 0.0
+        if heap >= EXPLAINS * memory:
+            return (f"native heap: live native allocations grow {_size(heap)} per 1k jobs "
+                    f"of {_size(memory)} memory growth",
+                    "a C extension or ctypes code allocates per request and never frees "
+                    "(or TensorFlow kernels cache per request): look at native libraries the "
+                    "handler calls; recycling bounds it meanwhile")
+        return (f"native heap retention: memory grows {_size(memory)} per 1k jobs while live "
+                f"native allocations grow only {_size(heap)}: freed memory is not returned "
+                "to the system",
+                "glibc keeps freed memory in per-thread arenas: set MALLOC_ARENA_MAX=2 (or "
+                "use jemalloc/tcmalloc via LD_PRELOAD) in the model's env")
+    return ("unknown: the probes do not explain the growth",
+            "run `tfsupervisor explain` for the probes' trends; set max_memory so the "
+            "worker is recycled before it matters")
+
+
+def _since(latest: Probes | None, life: Probes | None, name: str) -> str:
+    now = getattr(latest, name) if latest is not None else None
+    then = getattr(life, name) if life is not None else None
+    if now is None:
+        return "?"
+    return f"{now - then:,}" if then is not None else f"{now:,} (in all)"
