@@ -40,13 +40,30 @@ def _load(path: str) -> Config:
 def cmd_run(args: argparse.Namespace) -> int:
     from supervisor import logs
     from supervisor.daemon import Daemon
+    from supervisor.exitcodes import DaemonExit
 
-    config = _load(args.config)
+    # Logging first: a config that cannot be used is one JSON event too under --log-format
+    # json (journald readers parse every line), not a block of text.
+    logs.configure("info", args.log_format or "auto")
+    log = logs.get("daemon")
+    try:
+        config = load_config(args.config)
+    except ConfigErrors as errors:
+        log.error("supervisor_start_failed", exit_code=int(DaemonExit.CONFIG),
+                  error=f"{args.config}: {len(errors.errors)} config error(s)",
+                  errors=[str(e) for e in errors.errors])
+        return DaemonExit.CONFIG
     log_format = args.log_format or config.supervisor.log_format
     logs.configure(config.supervisor.log_level, log_format)
-    daemon = Daemon(config)
-    daemon.log_format = log_format
-    return daemon.run()
+    try:
+        daemon = Daemon(config)
+        daemon.log_format = log_format
+        return daemon.run()
+    except Exception:  # a bug that escaped the loop's guards: logged, and a status that
+        # systemd restarts on (1 is a config error, which RestartPreventExitStatus lists)
+        logs.get("daemon").exception("supervisor_crashed",
+                                     exit_code=int(DaemonExit.START_FAILED))
+        return DaemonExit.START_FAILED
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -200,10 +217,11 @@ def cmd_recycle(args: argparse.Namespace) -> int:
 def cmd_reload(args: argparse.Namespace) -> int:
     from supervisor.client import JobError, control
 
-    config = _load(args.config)  # refuse a broken file here, before the daemon sees it
+    # The daemon reads and validates the file itself and answers with every error: a
+    # rejected reload is then logged (config_rejected) and counted where operators look.
+    endpoint = _door(args, admin=True)
     try:
-        result = control(args.admin or config.supervisor.admin, "reload", timeout=args.timeout,
-                         **_curve_args(args))
+        result = control(endpoint, "reload", timeout=args.timeout, **_curve_args(args))
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,8 @@ class SupervisorSection:
             errors.append(ConfigError(f"{path}.max_header_size", "must be at most 64KiB"))
         if self.max_arrays > 64:
             errors.append(ConfigError(f"{path}.max_arrays", "must be at most 64"))
+        if self.metrics is not None:
+            errors.extend(_metrics_address(f"{path}.metrics", self.metrics))
         if not (self.curve.enabled or self.insecure):
             errors.extend(_exposed(path, self.endpoints, self.control, self.admin))
         if self.curve.enabled and self.admin.startswith("tcp://") and \
@@ -465,12 +468,7 @@ def doors(path: str | os.PathLike[str]) -> Doors:
     else:
         return Doors(config.supervisor.control, config.supervisor.admin)
     file = Path(path)
-    try:
-        raw = yaml.safe_load(file.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace"))
-        section = raw.get("supervisor") if isinstance(raw, dict) else None
-    except Exception:  # anything at all: the defaults are the best guess left
-        section = None
-    section = section if isinstance(section, dict) else {}
+    section = _supervisor_section(file)
 
     def text(key: str, default: str | None) -> str | None:
         value = section.get(key)
@@ -478,11 +476,43 @@ def doors(path: str | os.PathLike[str]) -> Doors:
 
     base = file.parent.resolve()
     runtime_dir = _runtime_dir(text("runtime_dir", None), base)
+    if text("runtime_dir", None) is None:
+        runtime_dir = _running_dir(runtime_dir)
     defaults = SupervisorSection()
     control = text("control", defaults.control) or defaults.control
     admin = text("admin", defaults.admin) or defaults.admin
     return Doors(control.replace("{runtime_dir}", str(runtime_dir)),
                  admin.replace("{runtime_dir}", str(runtime_dir)), problems)
+
+
+# Where the shipped unit's RuntimeDirectory= puts the sockets. An operator's shell has no
+# $RUNTIME_DIRECTORY, so a config without runtime_dir names ./run beside itself there.
+SYSTEMD_RUNTIME_DIR = Path("/run/tfsupervisor")
+
+
+def _running_dir(guess: Path) -> Path:
+    """The default runtime dir, or the systemd one when only that one has a daemon."""
+    if not (guess / "control.sock").exists() and \
+            (SYSTEMD_RUNTIME_DIR / "control.sock").exists():
+        return SYSTEMD_RUNTIME_DIR
+    return guess
+
+
+def _supervisor_section(file: Path) -> dict[str, Any]:
+    """The file's `supervisor` mapping, best effort: YAML first; a file that is not YAML
+    any more (a bad edit elsewhere) is searched line by line for the keys that matter."""
+    try:
+        text = file.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+    except OSError:
+        return {}
+    try:
+        raw = yaml.safe_load(text)
+        section = raw.get("supervisor") if isinstance(raw, dict) else None
+        return section if isinstance(section, dict) else {}
+    except Exception:  # not YAML: the plain key: value lines are the best guess left
+        found = re.findall(r"^\s+(runtime_dir|control|admin):\s*[\"']?([^\"'\s#]+)", text,
+                           re.MULTILINE)
+        return dict(found)
 
 
 def _with_default_policy(raw: dict[str, Any]) -> dict[str, Any]:
@@ -556,6 +586,18 @@ def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigEr
                                       f"{MAX_IPC_PATH} the kernel allows: use a shorter "
                                       "runtime_dir"))
     return errors
+
+
+def _metrics_address(path: str, address: str) -> list[ConfigError]:
+    """HOST:PORT (or :PORT, or [v6]:PORT) with a port the kernel can bind."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return [ConfigError(path, f'expected HOST:PORT with a port from 1 to 65535, got '
+                            f'"{address}"')]
+    if host.startswith("[") != host.endswith("]"):
+        return [ConfigError(path, f'an IPv6 host goes in brackets, e.g. "[::1]:9464"; got '
+                            f'"{address}"')]
+    return []
 
 
 def is_loopback(endpoint: str) -> bool:

@@ -100,7 +100,7 @@ class Controller:
                 "max_memory": state.config.policy.max_memory,
                 "limits": {str(r): v for r, v in byte_limits(state.config.policy)},
                 "policy_too_tight": state.churn >= 2,
-                "available": not state.unavailable,
+                "available": pool.available(name),
                 "last_error": state.last_error,
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),

@@ -194,7 +194,7 @@ class Core:
             models[name] = {"inputs": _wire(state.inputs), "outputs": _wire(state.outputs),
                             "ready_workers": len(self.pool.ready(name)),
                             "workers": state.config.workers,
-                            "available": not state.unavailable}
+                            "available": self.pool.available(name)}
         return {"models": models}
 
     def dispatch(self, model: str, now: float) -> None:

@@ -198,9 +198,9 @@ class Daemon:
             log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
             return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
-        log.info("supervisor_started", pid=os.getpid(), endpoints=list(
-            self.config.supervisor.endpoints), control=self.config.supervisor.control,
-            models=sorted(self.config.models))
+        sup = self.config.supervisor
+        log.info("supervisor_started", pid=os.getpid(), endpoints=list(sup.endpoints),
+                 control=sup.control, admin=sup.admin, models=sorted(self.config.models))
         poller = zmq.Poller()
         for sock in self._sockets():
             poller.register(sock, zmq.POLLIN)

@@ -42,4 +42,4 @@ class DaemonExit(IntEnum):
     ALREADY_RUNNING = 3  # another live supervisor owns the runtime dir or an ipc endpoint
     ADDRESS_IN_USE = 4  # a TCP endpoint or the metrics port is taken or not available here
     RUNTIME_DIR = 5  # the runtime dir, or a socket in it, cannot be created or written
-    START_FAILED = 6  # anything else that stopped the start; the event says what
+    START_FAILED = 6  # anything else that stopped the start, or a crash (a bug): the event says

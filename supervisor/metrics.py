@@ -123,7 +123,7 @@ def model_rows(pool: Pool, router: Router) -> tuple[ModelRow, ...]:
         states = tuple((s.value, n) for s in COUNTED_STATES
                        if (n := sum(1 for w in workers if w.state is s)) or s is State.READY)
         rows.append(ModelRow(
-            name, state.config.workers, not state.unavailable, router.queued(name),
+            name, state.config.workers, pool.available(name), router.queued(name),
             held_back=sum(1 for w in workers if held_back(pool, w) is not None),
             states=states,
             recycles=tuple((r, c, n) for (r, c), n in sorted(state.recycle_causes.items())),

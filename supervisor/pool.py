@@ -152,6 +152,11 @@ class Pool:
         replacement is ready)."""
         return [w for w in self.of_model(model) if w.state is State.READY]
 
+    def available(self, model: str) -> bool:
+        """Whether the model can serve: a model whose new workers fail to start is still
+        available while a ready worker of it serves on."""
+        return not self.models[model].unavailable or bool(self.ready(model))
+
     def serving_slots(self, model: str) -> int:
         """Workers that count towards the configured number: starting or ready, not leaving."""
         return len(self.current(model))

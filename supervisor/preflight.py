@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +27,12 @@ class Finding:
 
 
 def preflight(config: Config) -> list[Finding]:
+    beside = config.path.parent.resolve() if config.path else None
     findings = [f for name, model in config.models.items()
-                for f in _model(f"models.{name}", model)]
+                for f in _model(f"models.{name}", model, beside)]
+    if not any(m.required for m in config.models.values()):
+        findings.append(Finding(False, "models", "no model is required: the service reports "
+                                "ready (READY=1, status --ready) even when none can load"))
     findings += _runtime_dir(config.runtime_dir)
     sup = config.supervisor
     for setting, group in (("socket_group", sup.socket_group), ("admin_group", sup.admin_group)):
@@ -39,7 +44,7 @@ def preflight(config: Config) -> list[Finding]:
     return findings
 
 
-def _model(where: str, model: ModelConfig) -> list[Finding]:
+def _model(where: str, model: ModelConfig, beside: Path | None) -> list[Finding]:
     kind, location = model.source
     if kind == "saved_model":
         path = Path(location)
@@ -51,15 +56,25 @@ def _model(where: str, model: ModelConfig) -> list[Finding]:
             return [Finding(True, f"{where}.keras", f"{location}: no such file")]
     else:
         module = location.partition(":")[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a parent package that is missing or broken
-            found = False
+        found = _importable(module, beside)
         if not found:
             return [Finding(False, f"{where}.handler", f"module {module!r} is not importable "
                             "here; the workers will fail to load unless their env "
                             "(PYTHONPATH) provides it")]
     return []
+
+
+def _importable(module: str, beside: Path | None) -> bool:
+    """Whether workers could import ``module``: they run with the config's directory on
+    their path (supervisor/spawn.py), so it is searched here too."""
+    extra = [str(beside)] if beside is not None and str(beside) not in sys.path else []
+    sys.path[:0] = extra
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
+    finally:
+        del sys.path[:len(extra)]
 
 
 def _runtime_dir(path: Path) -> list[Finding]:

@@ -28,6 +28,8 @@ ZAP_DOMAIN = "tfsupervisor"
 ADMIN_DOMAIN = "tfsupervisor-admin"
 # A key directory with more files than this is not a key directory.
 MAX_CLIENT_KEYS = 100_000
+# A public certificate is a few hundred bytes; a larger .key file is not one.
+MAX_KEY_FILE = 64 * 1024
 
 
 class KeyDirError(Exception):
@@ -95,8 +97,15 @@ def _read_key_dir(setting: str, directory: Path) -> dict[bytes, bool]:
                           f"{MAX_CLIENT_KEYS} certificates")
     keys: dict[bytes, bool] = {}
     for file in files:
+        # Only small regular files are read: a FIFO, a device (/dev/zero) or a huge file
+        # would block or swamp the daemon's loop, which reads keys at start and on reload.
         try:
-            public, _ = zmq.auth.load_certificate(file)
+            if not file.is_file() or file.stat().st_size > MAX_KEY_FILE:
+                raise ValueError(f"not a regular file of at most {MAX_KEY_FILE} bytes")
+            public, secret = zmq.auth.load_certificate(file)
+            if secret is not None:  # whoever can read this directory could be that client
+                raise ValueError("it holds a secret key: copy the client's public .key, "
+                                 "never its .key_secret")
             zmq.utils.z85.decode(public)  # a key that is not z85 would never match
             if len(public) != 40:
                 raise ValueError("not a 40-character z85 CURVE key")

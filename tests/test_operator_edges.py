@@ -156,7 +156,8 @@ def test_a_tcp_admin_endpoint_admits_admin_keys_only(supervisor_factory: Any,
 
 
 @pytest.mark.parametrize("breakage", ["empty key file", "empty directory", "directory gone",
-                                      "not a certificate"])
+                                      "not a certificate", "a fifo", "a link to /dev/zero",
+                                      "a secret key"])
 def test_a_reload_with_a_bad_key_directory_is_rejected_and_keeps_the_old_keys(
         supervisor_factory: Any, keys: Path, breakage: str) -> None:
     sup = _curve_sup(supervisor_factory, keys)
@@ -168,6 +169,12 @@ def test_a_reload_with_a_bad_key_directory_is_rejected_and_keeps_the_old_keys(
         (authorized / "client.key").unlink()
     elif breakage == "directory gone":
         shutil.rmtree(authorized)
+    elif breakage == "a fifo":  # reading it would block the daemon's loop for good
+        os.mkfifo(authorized / "extra.key")
+    elif breakage == "a link to /dev/zero":  # reading it would never end
+        (authorized / "extra.key").symlink_to("/dev/zero")
+    elif breakage == "a secret key":
+        shutil.copy(keys / "stranger.key_secret", authorized / "extra.key")
     else:
         (authorized / "extra.key").write_text("public-key = 'short'\n")
     with pytest.raises(JobError, match="config rejected"):
@@ -210,9 +217,10 @@ def test_status_top_and_recycle_reach_the_daemon_through_a_broken_config(
     assert _cli("status", "--ready", "-c", str(sup.config_path)).returncode == 0
     out = _cli("recycle", "-c", str(sup.config_path), "m")
     assert out.returncode == 0, out.stderr
-    # reload still refuses the broken file before the daemon sees it
+    # reload: the daemon refuses the broken file, says why, logs and counts it
     out = _cli("reload", "-c", str(sup.config_path))
     assert out.returncode == 1 and "poll_interval" in out.stderr
+    assert '"event": "config_rejected"' in sup.log()
     # With no config at all: --control / --admin name the endpoints.
     missing = str(sup.config_path.parent / "nowhere.yaml")
     out = _cli("status", "-c", missing, "--control", sup.control_endpoint, "--json")
@@ -229,7 +237,10 @@ def test_doors_are_read_leniently(workdir: Path) -> None:
     assert found.control == f"ipc://{workdir.resolve()}/rt/control.sock"
     assert found.admin == f"ipc://{workdir.resolve()}/rt/a.sock"
     assert found.problems
-    config.write_bytes(b"\xff\xfe{{{")  # not even YAML: the defaults beside the file
+    config.write_text("supervisor:\n  runtime_dir: rt2\n  control: 'ipc://{runtime_dir}/c.sock'"
+                      "\nmodels: {m: [unclosed\n")  # not YAML any more: line by line
+    assert doors(config).control == f"ipc://{workdir.resolve()}/rt2/c.sock"
+    config.write_bytes(b"\xff\xfe{{{")  # nothing to go on: the defaults beside the file
     assert doors(config).control.endswith("/run/control.sock")
 
 
@@ -282,6 +293,15 @@ def test_a_runtime_dir_that_cannot_be_created_is_one_clear_error(workdir: Path) 
     out = _run(workdir, {"supervisor": {"runtime_dir": str(workdir / "file" / "run")},
                          "models": {"m": echo_model(1)}})
     assert "runtime dir" in _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+
+
+def test_a_config_that_cannot_be_used_is_one_json_event(workdir: Path) -> None:
+    out = _run(workdir, {"supervisor": {"endpoints": ["tcp://0.0.0.0:5555"],
+                                        "metrics": "127.0.0.1:99999"},
+                         "models": {"m": echo_model(1)}})
+    failure = _one_failure(out, DaemonExit.CONFIG)
+    assert any("supervisor.metrics" in e for e in failure["errors"])
+    assert any("supervisor.endpoints[0]" in e for e in failure["errors"])
 
 
 def test_an_unknown_group_and_a_bad_key_directory_are_config_errors(workdir: Path,
@@ -353,10 +373,11 @@ def test_check_passes_a_runnable_config_and_reads_key_directories(workdir: Path,
         "endpoints": [f"tcp://127.0.0.1:{_port()}"],
         "curve": {"server_secret_key": str(keys / "server.key_secret"),
                   "authorized_clients": str(keys / "authorized_clients")}},
-        "models": {"d": echo_model(1)}})
-    assert preflight(parse_config(text)) == []
+        "models": {"d": echo_model(1), "e": {"handler": "beside:make"}}})
+    (workdir / "beside.py").write_text("def make(options): return None\n")
+    assert preflight(parse_config(text, workdir / "config.yaml")) == []
     (keys / "authorized_clients" / "bad.key").write_text("nothing here\n")
-    findings = preflight(parse_config(text))
+    findings = preflight(parse_config(text, workdir / "config.yaml"))
     assert [f.where for f in findings] == ["supervisor.curve.authorized_clients"]
     assert "bad.key" in findings[0].message
 

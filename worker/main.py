@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = read_spec(args.id, args.model)
     if spec is None:
         return WorkerExit.BOOT_ERROR
+    # The spec holds the spawn secret: out of the environment the handler and its child
+    # processes see, so they cannot sign messages (or log lines) as this worker.
+    os.environ.pop(ENV_VAR, None)
     logs.configure(spec.log_level, spec.log_format, worker=spec.worker_id, model=spec.model)
     die_with_parent()
     # The supervisor's pid comes in the spec, not from getppid() here: a supervisor killed
