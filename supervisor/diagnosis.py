@@ -46,6 +46,8 @@ BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview")
 # A byte probe (native heap in use, TF allocator, VRAM) explains the growth when its own
 # slope is at least this fraction of the memory slope.
 EXPLAINS = 0.5
+# Distinct probe readings a probe's slope needs (fewer: not measured, never a wrong cause).
+MIN_READINGS = 4
 # Suspected before any recycle: a trend confidently above this fraction of its limit.
 SUSPECT_FRACTION = 0.25
 
@@ -106,11 +108,16 @@ class Diagnosis:
 
 def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> Trends:
     """The probes' slopes over the trend window (what `explain` shows for any worker)."""
-    window = warmed_up(samples, facts, policy)[-policy.trend_window:]
+    after = warmed_up(samples, facts, policy)
+    window = after[-policy.trend_window:]
     if len(window) < MIN_TREND_SAMPLES:
         return Trends(samples=len(window))
     jobs = np.array([s.jobs for s in window], dtype=float)
-    probed = [s for s in window if s.probes is not None]
+    # Readings from the whole warmed-up history, if they reach into the window: a worker
+    # whose last reading predates the window says nothing about what grows now.
+    probed = _readings(after)
+    if probed and _jobs(probed[-1]) < jobs[0]:
+        probed = []
 
     def slope(values: Sequence[float | int | None], x: np.ndarray = jobs) -> float | None:
         if len(values) < MIN_TREND_SAMPLES or any(v is None for v in values):
@@ -119,9 +126,9 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         return None if found is None else found.value * 1000
 
     def probe(name: str) -> float | None:
-        if len(probed) < MIN_TREND_SAMPLES:
+        if len(probed) < MIN_READINGS:
             return None
-        x = np.array([s.jobs for s in probed], dtype=float)
+        x = np.array([_jobs(s) for s in probed], dtype=float)
         return slope([getattr(s.probes, name) for s in probed], x)
 
     def added(name: str) -> int | None:
@@ -136,6 +143,23 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         graphs=probe("graphs"), shapes=probe("shapes"), py_blocks=probe("py_blocks"),
         native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
         graphs_added=added("graphs"), shapes_added=added("shapes"))
+
+
+def _readings(after: Sequence[Sample]) -> list[Sample]:
+    """One sample per probe reading, over all the warmed-up history. Workers sample probes
+    less often than memory is polled (paced by their cost), so the memory window may hold
+    one reading many times over: fitted as it is, a fast leak's probes look flat."""
+    out: list[Sample] = []
+    for sample in after:
+        if sample.probes is not None and (not out or sample.probes is not out[-1].probes):
+            out.append(sample)
+    return out
+
+
+def _jobs(sample: Sample) -> int:
+    """When a probe reading was taken, in jobs: as the worker said, else the sample's."""
+    said = sample.probes.jobs if sample.probes is not None else None
+    return said if said is not None and said <= sample.jobs else sample.jobs
 
 
 def suspect(assessment: Assessment, reason: Reason | None, policy: PolicyConfig) -> bool:

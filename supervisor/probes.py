@@ -70,6 +70,9 @@ class Probes:
     census: tuple[tuple[str, int], ...] = ()
     # Seconds this worker has spent on probes (sampling and per-batch accounting).
     cost_seconds: float = 0.0
+    # Jobs the worker had answered when these were read: readings are paced by their cost,
+    # so they may be older than the heartbeat that carries them (None: not said).
+    jobs: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"graphs": self.graphs, "traced": [list(t) for t in self.traced],
@@ -77,7 +80,7 @@ class Probes:
                 "tf_allocator": self.tf_allocator, "shapes": self.shapes,
                 "top_shapes": [s.to_wire() for s in self.top_shapes],
                 "census": [list(c) for c in self.census],
-                "cost_seconds": round(self.cost_seconds, 6)}
+                "cost_seconds": round(self.cost_seconds, 6), "jobs": self.jobs}
 
     @classmethod
     def from_wire(cls, raw: object) -> Probes | None:
@@ -97,7 +100,7 @@ class Probes:
                                          (shapes if isinstance(shapes, list) else [])[:MAX_NAMES])
                              if s is not None),
             census=_named_counts(raw.get("census"), signed=True),
-            cost_seconds=_seconds(raw.get("cost_seconds")))
+            cost_seconds=_seconds(raw.get("cost_seconds")), jobs=_count(raw.get("jobs")))
 
 
 def _count(value: object, signed: bool = False) -> int | None:

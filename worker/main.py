@@ -176,7 +176,7 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
         while not stop.set:
             if not sock.poll(200):
                 if probes is not None:
-                    probes.between(time.monotonic())
+                    probes.between(time.monotonic(), heartbeat.jobs)
                 continue
             msg = decode(recv(sock), INTERNAL_HOP)
             if msg.kind == STOP:
@@ -193,7 +193,7 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
                     code = WorkerExit.RECYCLE
                     break
                 if probes is not None:  # after the reply: sampling never delays one
-                    probes.between(time.monotonic())
+                    probes.between(time.monotonic(), heartbeat.jobs)
     except Exception as exc:
         log.exception("worker_loop_failed", error=str(exc))
         code = WorkerExit.INTERNAL

@@ -199,17 +199,17 @@ class ProbeRecorder:
         self._countdown = self._scheduled = min(MAX_SKIP, math.ceil(spent / (BUDGET * period)) - 1)
         self._last_measured = start
 
-    def between(self, now: float) -> None:
+    def between(self, now: float, jobs: int | None = None) -> None:
         """Between batches (or while idle): sample what is due and publish a new snapshot."""
         if now < self._next_sample:
             return
         try:
-            self._sample(now)
+            self._sample(now, jobs)
         except Exception as exc:  # advisory: a probe that breaks must not take the worker
             log.warning("probes_failed", error=f"{type(exc).__name__}: {exc}")
             self._next_sample = math.inf  # once: the same failure would repeat each second
 
-    def _sample(self, now: float) -> None:
+    def _sample(self, now: float, jobs: int | None) -> None:
         clock, sources = self.sources.clock, self.sources
         start = clock()
         untimed, self._unmeasured = self._unmeasured * self._per_batch, 0
@@ -228,7 +228,7 @@ class ProbeRecorder:
         self.cost += clock() - start
         self.latest = Probes(graphs=graphs, traced=names, py_blocks=blocks, native_heap=native,
                              tf_allocator=allocator, shapes=shapes, top_shapes=top_shapes,
-                             census=self.census.grown, cost_seconds=self.cost)
+                             census=self.census.grown, cost_seconds=self.cost, jobs=jobs)
 
     def close(self) -> None:
         self.sources.close()
