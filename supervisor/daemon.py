@@ -222,8 +222,9 @@ class Daemon:
                     self._drain(self.admin, self._on_admin)
                 if self.zap is not None and self.zap.zap_socket in ready:
                     self._guarded("zap_failed", self.zap.handle)
-                self._guarded("worker_output_failed",
-                              partial(self.output.read, ready, self.clock()))
+                if self.output.readable(ready):  # nothing per wake-up without output
+                    self._guarded("worker_output_failed",
+                                  partial(self.output.read, ready, self.clock()))
                 self._guarded("housekeeping_failed", self.housekeeping)
         finally:
             self._close()

@@ -381,10 +381,15 @@ class WorkerOutput:
             self._poller.register(read_fd, zmq.POLLIN)
         return write_fd
 
+    def readable(self, ready: Container[Any]) -> list[int]:
+        """The pipes the poller found readable (``ready``: what it returned)."""
+        return [fd for fd in self._by_fd if fd in ready]
+
     def read(self, ready: Container[Any], now: float) -> None:
         """Read the pipes the poller found readable (``ready``: what it returned)."""
-        for fd in [fd for fd in self._by_fd if fd in ready]:
-            self._read(self._by_fd[fd], READS_PER_TURN, now)
+        for fd in self.readable(ready):
+            if fd in self._by_fd:  # an earlier read in this turn may have closed it
+                self._read(self._by_fd[fd], READS_PER_TURN, now)
 
     def tick(self, now: float) -> None:
         for pipe in self._pipes.values():
