@@ -62,8 +62,7 @@ class Controller:
                 "trends": found.fields(),
                 "probes": probes.to_wire() if probes else None,
                 "probes_at_ready": w.ready_probes.to_wire() if w.ready_probes else None,
-                "probe_cost_per_job": probes.cost_seconds / w.jobs
-                if probes and w.jobs else None,
+                "probe_cost_per_job": probes.cost_per_job() if probes else None,
                 "diagnosis": w.diagnosis.fields() if w.diagnosis else None})
         return {"ok": True, "result": {"model": state.name, "workers": workers,
                                        "memory_metric": policy.memory_metric,

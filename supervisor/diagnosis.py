@@ -22,7 +22,14 @@ import numpy as np
 
 from supervisor.config import PolicyConfig
 from supervisor.history import Sample
-from supervisor.policy import MIN_TREND_SAMPLES, Assessment, WorkerFacts, fit, warmed_up
+from supervisor.policy import (
+    MIN_TREND_SAMPLES,
+    Assessment,
+    WorkerFacts,
+    fit,
+    theil_sen,
+    warmed_up,
+)
 from supervisor.probes import Probes
 from supervisor.reasons import Reason
 from supervisor.units import format_size as _size
@@ -48,8 +55,16 @@ BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview")
 EXPLAINS = 0.5
 # Distinct probe readings a probe's slope needs (fewer: not measured, never a wrong cause).
 MIN_READINGS = 4
+# ... for the counters of graphs and shapes, which only ever grow and have no noise: their
+# rate between two readings is a rate (and MIN_NEW must still have been added). A worker
+# whose jobs each take a second (an XLA compile per new shape) may be recycled after a few.
+MIN_COUNTER_READINGS = 2
 # Suspected before any recycle: a trend confidently above this fraction of its limit.
 SUSPECT_FRACTION = 0.25
+
+# Names of the step functions Keras traces for model.predict()/evaluate(): Keras 3
+# ("one_step_on_data_distributed"), tf.keras 2 ("predict_function").
+KERAS_STEPS = ("one_step_on_data", "multi_step_on_data", "predict_function", "test_function")
 
 _VRAM = frozenset({Reason.MAX_VRAM, Reason.VRAM_GROWTH_PER_1K_JOBS})
 
@@ -71,6 +86,7 @@ class Trends:
 
     jobs: int = 0  # jobs the window spans
     samples: int = 0
+    readings: int = 0  # distinct probe readings the probes' slopes are fitted on
     memory: float | None = None  # bytes
     vram: float | None = None  # bytes
     graphs: float | None = None
@@ -82,7 +98,8 @@ class Trends:
     shapes_added: int | None = None
 
     def fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples}
+        out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples,
+                               "probe_readings": self.readings}
         for name in ("memory", "vram", "graphs", "shapes", "py_blocks", "native_heap",
                      "tf_allocator"):
             value = getattr(self, name)
@@ -119,17 +136,21 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     if probed and _jobs(probed[-1]) < jobs[0]:
         probed = []
 
-    def slope(values: Sequence[float | int | None], x: np.ndarray = jobs) -> float | None:
+    def slope(values: Sequence[float | int | None]) -> float | None:
         if len(values) < MIN_TREND_SAMPLES or any(v is None for v in values):
             return None
-        found = fit(x, np.array(values, dtype=float))
+        found = fit(jobs, np.array(values, dtype=float))
         return None if found is None else found.value * 1000
 
-    def probe(name: str) -> float | None:
-        if len(probed) < MIN_READINGS:
+    def probe(name: str, least: int = MIN_READINGS) -> float | None:
+        """Theil-Sen over the readings: a fast leak recycled within seconds has only a few
+        readings, not the memory window's samples."""
+        values = [getattr(s.probes, name) for s in probed]
+        if len(probed) < least or any(v is None for v in values):
             return None
-        x = np.array([_jobs(s) for s in probed], dtype=float)
-        return slope([getattr(s.probes, name) for s in probed], x)
+        found = theil_sen(np.array([_jobs(s) for s in probed], dtype=float),
+                          np.array(values, dtype=float))
+        return None if found is None else found * 1000
 
     def added(name: str) -> int | None:
         values = [getattr(s.probes, name) for s in probed]
@@ -138,9 +159,10 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         return int(values[-1] - values[0])
 
     return Trends(
-        jobs=int(jobs[-1] - jobs[0]), samples=len(window),
+        jobs=int(jobs[-1] - jobs[0]), samples=len(window), readings=len(probed),
         memory=slope([s.memory for s in window]), vram=slope([s.vram for s in window]),
-        graphs=probe("graphs"), shapes=probe("shapes"), py_blocks=probe("py_blocks"),
+        graphs=probe("graphs", MIN_COUNTER_READINGS), shapes=probe("shapes", MIN_COUNTER_READINGS),
+        py_blocks=probe("py_blocks"),
         native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
         graphs_added=added("graphs"), shapes_added=added("shapes"))
 
@@ -148,10 +170,11 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
 def _readings(after: Sequence[Sample]) -> list[Sample]:
     """One sample per probe reading, over all the warmed-up history. Workers sample probes
     less often than memory is polled (paced by their cost), so the memory window may hold
-    one reading many times over: fitted as it is, a fast leak's probes look flat."""
+    one reading many times over (each heartbeat repeats the latest): fitted as it is, a fast
+    leak's probes look flat."""
     out: list[Sample] = []
     for sample in after:
-        if sample.probes is not None and (not out or sample.probes is not out[-1].probes):
+        if sample.probes is not None and (not out or sample.probes != out[-1].probes):
             out.append(sample)
     return out
 
@@ -186,6 +209,9 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     summary, remedy = _explain(cause, found, latest, life)
     evidence = found.fields()
     if latest is not None:
+        cost = latest.cost_per_job()
+        if cost is not None:
+            evidence["probe_cost_per_job_us"] = round(cost * 1e6, 2)
         if latest.traced:
             evidence["traced"] = dict(latest.traced[:3])
         if latest.top_shapes:
@@ -259,7 +285,7 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
         remedy = ("find what keeps a reference per request (a cache without a bound, a list "
                   "appended to, results kept for logging) and bound or drop it; a "
                   "functools.lru_cache needs a maxsize")
-        if latest and any(n.startswith(("tensorflow.", "keras.")) for n, _ in latest.census):
+        if latest and _keras_loop(latest):
             remedy = ("TensorFlow or Keras objects accumulate per request, as Keras "
                       "model.predict() called per request does: call the model as "
                       "model(x, training=False) inside one tf.function with an "
@@ -292,6 +318,14 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
     return ("unknown: the probes do not explain the growth",
             "run `tfsupervisor explain` for the probes' trends; set max_memory so the "
             "worker is recycled before it matters")
+
+
+def _keras_loop(latest: Probes) -> bool:
+    """TensorFlow or Keras objects pile up (the census says so), or Keras's own predict or
+    evaluate loop runs in this worker (its step function is traced; the census may not
+    have run yet in a worker recycled within a minute)."""
+    return any(name.startswith(("tensorflow.", "keras.")) for name, _ in latest.census) or \
+        any(name.startswith(KERAS_STEPS) for name, _ in latest.traced)
 
 
 def _since(latest: Probes | None, life: Probes | None, name: str) -> str:

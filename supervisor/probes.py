@@ -74,6 +74,10 @@ class Probes:
     # so they may be older than the heartbeat that carries them (None: not said).
     jobs: int | None = None
 
+    def cost_per_job(self) -> float | None:
+        """Seconds the probes took per job answered, as of this reading."""
+        return self.cost_seconds / self.jobs if self.jobs else None
+
     def to_wire(self) -> dict[str, Any]:
         return {"graphs": self.graphs, "traced": [list(t) for t in self.traced],
                 "py_blocks": self.py_blocks, "native_heap": self.native_heap,

@@ -122,11 +122,16 @@ def keras_predict(options: dict[str, Any]) -> KerasPredict:
     return KerasPredict(options)
 
 
-def save_embedding_model(path: str, vocab: int = 1000, dim: int = 32) -> None:
+def save_embedding_model(path: str, vocab: int = 1000, dim: int = 32,
+                         jit_compile: bool = False) -> None:
     """A SavedModel whose ``serving_default`` takes ``input_ids: int32[None, None]`` (batch,
     sequence length both unknown) and returns ``score: float32[None, 1]``: an embedding, a
     dense layer per token (a matmul whose shape follows the sequence length, as in any
-    sequence model), mean-pooled over the sequence, then one dense layer."""
+    sequence model), mean-pooled over the sequence, then one dense layer.
+
+    With ``jit_compile`` the function is compiled by XLA, which keeps one executable per
+    input shape for the life of the process (measured: ~0.3 MB per new sequence length on
+    CPU); without, TF 2.21 on CPU runs every length through one graph and barely grows."""
     import tensorflow as tf
 
     class Embedder(tf.Module):  # type: ignore[misc]
@@ -137,7 +142,8 @@ def save_embedding_model(path: str, vocab: int = 1000, dim: int = 32) -> None:
             self.token = tf.Variable(rng.standard_normal((dim, 2 * dim)).astype(np.float32))
             self.dense = tf.Variable(rng.standard_normal((2 * dim, 1)).astype(np.float32))
 
-        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")])
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids")],
+                     jit_compile=jit_compile)
         def serve(self, input_ids: Any) -> dict[str, Any]:
             embedded = tf.nn.embedding_lookup(self.table, input_ids % vocab)
             tokens = tf.nn.relu(tf.matmul(tf.reshape(embedded, [-1, dim]), self.token))

@@ -47,7 +47,9 @@ def grows(**per_sample: float) -> Grow:
     def probes(i: int) -> Probes:
         changes = {k: int(getattr(BASE, k) + v * i) for k, v in per_sample.items()
                    if k not in ("traced",)}
-        return dataclasses.replace(BASE, **changes)
+        # Each reading says the jobs it was taken at, as a worker's do (and so two readings
+        # of the same values are still two readings).
+        return dataclasses.replace(BASE, jobs=i * JOBS, **changes)
     return probes
 
 

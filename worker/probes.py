@@ -16,11 +16,14 @@ is paced by what it costs, so that each part takes at most ``BUDGET`` of the ser
 thread's time whatever its size: the RSS reads around batches of known signatures, the
 samples (a process that retraced 100k graphs takes ~20 ms to list them), the censuses; and
 a census that takes longer than ``MAX_CENSUS_SECONDS`` is not taken again: it stalls serving.
+The exception is a worker whose RSS grew ``GROWING_BYTES`` since its last sample: it is
+sampled every interval (~3 ms of CPU in a TF worker, mostly mallinfo2 walking the arenas),
+because a leak is diagnosed from readings and a fast one is recycled within seconds.
 Measured: bench/results/probe_cost.md.
 
 Readings come from :class:`Sources` (this process by default; tests pass fakes). Time comes
-in as ``now``; the clock of ``Sources`` only times the probes themselves, which is what
-paces the RSS reads.
+in as ``now``; the clocks of ``Sources`` only time the probes themselves, which is what
+paces them.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ OVERFLOW_BITS = 2**20
 # follow a model call run with cold caches; against ~1.3 ms for a batch of the demo MLP).
 # A batch of a signature never seen is always measured, and every batch is counted.
 BUDGET = 0.002
+# RSS growth since the last sample from which the next one is due at the next interval,
+# whatever it costs (a worker that grows this much between heartbeats is leaking).
+GROWING_BYTES = 1024**2
 # At least one batch in this many is measured, whatever its reads cost.
 MAX_SKIP = 10_000
 # A census runs when Python's allocated blocks grew by this many since the last one (~0.5 to
@@ -90,6 +96,10 @@ class Sources:
     tf_allocator: Callable[[], int | None]
     objects: Callable[[], list[Any]]
     clock: Callable[[], float] = time.perf_counter  # for the probes' own cost only
+    # For the samples' and censuses' cost: this thread's CPU time, not the wall clock, which
+    # on a busy machine counts the time other processes ran and would push samples minutes
+    # apart (0.5 µs a read, against 0.05 µs: the reads around batches use ``clock``).
+    cpu_clock: Callable[[], float] = time.thread_time
     close: Callable[[], None] = lambda: None
 
     @classmethod
@@ -119,6 +129,11 @@ class ProbeRecorder:
         self.batch_cost = 0.0  # of which around batches (the rest: samples and censuses)
         self.latest = Probes()
         self._next_sample = now
+        # While memory grows, a sample is due every interval whatever it costs: a leak is
+        # diagnosed from readings, and a fast one is recycled within seconds. Checked (one
+        # RSS read) at most once per interval.
+        self._next_check = now
+        self._sampled_rss: int | None = None
         # Batches of known signatures to let pass before the next one measured, and the
         # countdown as it was set (their difference: batches since the last measured one).
         self._countdown = self._scheduled = 0
@@ -201,7 +216,7 @@ class ProbeRecorder:
 
     def between(self, now: float, jobs: int | None = None) -> None:
         """Between batches (or while idle): sample what is due and publish a new snapshot."""
-        if now < self._next_sample:
+        if now < self._next_sample and not self._growing(now):
             return
         try:
             self._sample(now, jobs)
@@ -209,8 +224,16 @@ class ProbeRecorder:
             log.warning("probes_failed", error=f"{type(exc).__name__}: {exc}")
             self._next_sample = math.inf  # once: the same failure would repeat each second
 
+    def _growing(self, now: float) -> bool:
+        """Whether RSS grew by GROWING_BYTES since the last sample (asked once an interval)."""
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.interval
+        rss, last = self.sources.rss(), self._sampled_rss
+        return rss is not None and last is not None and rss - last >= GROWING_BYTES
+
     def _sample(self, now: float, jobs: int | None) -> None:
-        clock, sources = self.sources.clock, self.sources
+        clock, sources = self.sources.cpu_clock, self.sources
         start = clock()
         untimed, self._unmeasured = self._unmeasured * self._per_batch, 0
         self.cost += untimed
@@ -225,6 +248,8 @@ class ProbeRecorder:
         if self.census.due(now, blocks):
             self.census.take(now, blocks, sources.objects, clock)
         self._next_sample = now + max(self.interval, sampled / BUDGET)
+        self._next_check = now + self.interval
+        self._sampled_rss = sources.rss()
         self.cost += clock() - start
         self.latest = Probes(graphs=graphs, traced=names, py_blocks=blocks, native_heap=native,
                              tf_allocator=allocator, shapes=shapes, top_shapes=top_shapes,

@@ -1,0 +1,67 @@
+"""Each leak cause reproduced in a real worker, recycled, and named right; a healthy model
+named nothing. The reproductions: tests/leak_scenarios.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import short_tmpdir
+from tests.leak_scenarios import (
+    Case,
+    config,
+    host_cases,
+    run,
+    save_sequence_model,
+    tensorflow_cases,
+)
+
+pytestmark = pytest.mark.tf
+pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
+
+
+@pytest.fixture(scope="module")
+def sequence_model() -> Iterator[Path]:
+    yield save_sequence_model(short_tmpdir() / "xla_sm")
+
+
+def named_right(cases: list[Case], found: dict[str, dict[str, Any]]) -> None:
+    leaking = [c for c in cases if c.cause is not None]
+    named = {c.name: found[c.name].get("cause") for c in leaking}
+    report = {c.name: (found[c.name].get("summary"), found[c.name].get("evidence"))
+              for c in leaking}
+    assert named == {c.name: c.cause for c in leaking}, json.dumps(report, indent=1)
+    for case in leaking:
+        event = found[case.name]
+        assert event["reason"] == "growth_per_1k_jobs", event
+        assert event["remedy"] and event["evidence"]["memory_per_1k_jobs"] > 0, event
+        assert event["evidence"]["probe_cost_per_job_us"] > 0, event
+
+
+@pytest.mark.timeout(600)
+def test_tensorflow_causes_named(supervisor_factory: Any, sequence_model: Path) -> None:
+    cases = tensorflow_cases(sequence_model)
+    found, _, failures = run(supervisor_factory(config(cases)), cases)
+    assert failures == []
+    named_right(cases, found)
+    assert "model.predict()" in found["keras"]["remedy"]
+    assert found["scalar"]["evidence"]["traced"]["forward"] > 3, found["scalar"]
+    assert found["lengths"]["evidence"]["graphs_added"] == 0, found["lengths"]
+
+
+@pytest.mark.timeout(600)
+def test_python_and_native_causes_named_and_healthy_left_alone(
+        supervisor_factory: Any, models_dir: Path) -> None:
+    cases = host_cases(models_dir / "demo_sm")
+    found, status, failures = run(supervisor_factory(config(cases)), cases)
+    assert failures == []
+    named_right(cases, found)
+    assert "model.predict()" not in found["hoard"]["remedy"]
+    assert "healthy" not in found
+    healthy = status["models"]["healthy"]
+    assert healthy["recycles"] == {}, healthy
+    assert [w["suspected_cause"] for w in healthy["workers"]] == [None], healthy
