@@ -72,7 +72,7 @@ def main() -> None:
         "One supervisor per group (TF causes; host causes and a healthy model), one worker "
         "per model, one client each sending jobs one at a time, 2 cores shared by all; "
         "heartbeat 1 s (the default; the tests use 0.25 s); policy: warm-up 30 jobs and 2 s, "
-        "trend window 24 polls of 0.25 s, 2 confirmations, "
+        "trend window 32 polls of 0.25 s, 2 confirmations, "
         "max_growth_per_1k_jobs 4 MiB. Slopes are the evidence of the first worker_recycling "
         "event (bytes for memory and native heap, counts otherwise); a healthy model is "
         "judged over 2000 jobs and must not be named."))

@@ -1,8 +1,12 @@
-"""Benchmark 1: round trip of tiny jobs through the supervisor vs a raw pyzmq echo.
+"""Benchmark 1: round trip of tiny jobs through the supervisor vs a raw pyzmq echo, and
+what each process spends per job.
 
-Both in the same run, sequential requests of one 1x4 float32 array: a raw REQ/REP echo
-between two Python processes (one hop, no protocol work), and tfsupervisor (client ->
-supervisor -> echo worker -> supervisor -> client). Target: p50 ratio <= 2.0.
+All in the same run, sequential requests of one 1x4 float32 array: a raw REQ/REP echo
+between two Python processes (one hop, no protocol work); a bare pyzmq DEALER sending the
+frames of a real request to a ROUTER echo (the least a client can spend per call); and
+tfsupervisor (the project's Client -> supervisor -> echo worker -> supervisor -> client).
+Each process's CPU (user + system, its ZeroMQ I/O thread included) is read before and after.
+Targets: p50 ratio <= 2.0, p99 <= 3.0; client CPU <= 2x the bare DEALER's.
 
     python -m bench.roundtrip [--jobs 3000] [--quick]
 """
@@ -17,15 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import zmq
 
 from bench.common import percentiles, write
-from supervisor.client import Client
+from supervisor.client import Client, request_message
+from supervisor.protocol import encode
 from supervisor.testing import short_tmpdir, start_supervisor
 
 ECHO_SERVER = """
 import sys, zmq
 sock = zmq.Context().socket(zmq.REP)
+sock.bind(sys.argv[1])
+while True:
+    sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
+"""
+
+
+ROUTER_ECHO = """
+import sys, zmq
+sock = zmq.Context().socket(zmq.ROUTER)
 sock.bind(sys.argv[1])
 while True:
     sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
@@ -56,7 +71,39 @@ def raw_echo(jobs: int) -> list[float]:
         server.wait()
 
 
-def supervised(jobs: int) -> list[float]:
+def cpu(process: psutil.Process) -> float:
+    """Seconds of CPU the process has used so far."""
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def bare_dealer(jobs: int) -> dict[str, float]:
+    """Client and server CPU per call of a bare DEALER send+recv of a request's frames."""
+    endpoint = f"ipc://{short_tmpdir()}/echo.sock"
+    server = subprocess.Popen([sys.executable, "-c", ROUTER_ECHO, endpoint])
+    try:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(endpoint)
+        frames = encode(request_message("echo", {"x": np.ones((1, 4), np.float32)}, 10.0))
+        for _ in range(200):
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+        peer = psutil.Process(server.pid)
+        mine, theirs = time.process_time(), cpu(peer)
+        for _ in range(jobs):
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+        out = {"client_us": (time.process_time() - mine) / jobs * 1e6,
+               "server_us": (cpu(peer) - theirs) / jobs * 1e6}
+        sock.close()
+        return out
+    finally:
+        server.kill()
+        server.wait()
+
+
+def supervised(jobs: int) -> tuple[list[float], dict[str, float]]:
+    """Latencies through the supervisor, and CPU per job of client, supervisor and worker."""
     sup = start_supervisor({"models": {"echo": {"handler": "worker.handlers:echo",
                                                 "workers": 1}}})
     try:
@@ -65,28 +112,48 @@ def supervised(jobs: int) -> list[float]:
         with Client(sup.endpoint, timeout=10) as client:
             for _ in range(200):
                 client.infer("echo", x)
+            daemon = psutil.Process(sup.process.pid)
+            [worker] = daemon.children()
             latencies = []
+            mine, theirs, its = time.process_time(), cpu(daemon), cpu(worker)
             for _ in range(jobs):
                 start = time.perf_counter()
                 client.infer("echo", x)
                 latencies.append(time.perf_counter() - start)
-        return latencies
+            spent = {"client_us": (time.process_time() - mine) / jobs * 1e6,
+                     "supervisor_us": (cpu(daemon) - theirs) / jobs * 1e6,
+                     "worker_us": (cpu(worker) - its) / jobs * 1e6}
+        return latencies, spent
     finally:
         sup.stop()
 
 
 def run(jobs: int, out: Path | None = None) -> dict[str, Any]:
     raw = percentiles(raw_echo(jobs))
-    sup = percentiles(supervised(jobs))
+    bare = bare_dealer(jobs)
+    latencies, spent = supervised(jobs)
+    sup = percentiles(latencies)
     result = {"jobs": jobs, "raw_pyzmq_echo": raw, "tfsupervisor": sup,
               "ratio_p50": round(sup["p50_ms"] / raw["p50_ms"], 2),
-              "ratio_p99": round(sup["p99_ms"] / raw["p99_ms"], 2), "target_ratio": 2.0}
+              "ratio_p99": round(sup["p99_ms"] / raw["p99_ms"], 2), "target_ratio": 2.0,
+              "cpu_us_per_job": {"bare_dealer": bare, "tfsupervisor": spent},
+              "client_cpu_ratio": round(spent["client_us"] / bare["client_us"], 2),
+              "target_client_cpu_ratio": 2.0}
+    us = {k: round(v, 1) for k, v in {**spent, **{f"bare_{k}": v for k, v in bare.items()}
+                                      }.items()}
     write("roundtrip", result, [
-        ["path", "p50 ms", "p99 ms", "mean ms"],
-        ["raw pyzmq REQ/REP echo (1 hop)", raw["p50_ms"], raw["p99_ms"], raw["mean_ms"]],
-        ["tfsupervisor, echo worker (2 hops)", sup["p50_ms"], sup["p99_ms"], sup["mean_ms"]],
-        ["ratio", result["ratio_p50"], result["ratio_p99"], ""]], out,
-        f"{jobs} sequential jobs each. Target: ratio <= 2.0.")
+        ["path", "p50 ms", "p99 ms", "mean ms", "client CPU µs/job", "supervisor CPU µs/job",
+         "worker (server) CPU µs/job"],
+        ["raw pyzmq REQ/REP echo (1 hop)", raw["p50_ms"], raw["p99_ms"], raw["mean_ms"],
+         "", "", ""],
+        ["bare DEALER -> ROUTER echo, a request's frames", "", "", "", us["bare_client_us"],
+         "", us["bare_server_us"]],
+        ["tfsupervisor Client, echo worker (2 hops)", sup["p50_ms"], sup["p99_ms"],
+         sup["mean_ms"], us["client_us"], us["supervisor_us"], us["worker_us"]],
+        ["ratio (targets: 2.0, 3.0; client CPU 2.0)", result["ratio_p50"],
+         result["ratio_p99"], "", result["client_cpu_ratio"], "", ""]], out,
+        f"{jobs} sequential jobs each. CPU is user + system of each process, ZeroMQ I/O "
+        "threads included.")
     return result
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ import zmq.asyncio
 from supervisor.client import (
     curve_keys,
     endpoint_list,
+    job_ids,
     outcome,
     refresh_deadline,
     reply_wait,
@@ -33,6 +33,15 @@ from supervisor.client import (
 from supervisor.errors import error_from
 from supervisor.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.protocol import ERROR, MODELS, Message, ProtocolError, decode, encode
+from supervisor.transport import NOBLOCK, recv
+
+# Replies read per wake-up of the reading task, beyond the one that woke it.
+DRAIN = 256
+
+
+def _expire(future: asyncio.Future[Message]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class _AsyncLink:
@@ -47,31 +56,57 @@ class _AsyncLink:
         self.tasks = [loop.create_task(self._read()), loop.create_task(self._watch())]
 
     async def exchange(self, msg: Message, deadline: float) -> Message:
-        """The reply to ``msg``; NotSent, Lost or TimeoutError as for ``Client``."""
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        """The reply to ``msg``; NotSent, Lost or TimeoutError as for ``Client``.
+
+        The common case costs no task: pyzmq queues the frames at once whenever the
+        connection is up (its future is done on return; the socket's own send keeps its
+        edge-triggered readiness in step, which a send behind its back would not), and one
+        timer bounds the wait for the reply. asyncio.wait_for wraps each awaitable in a
+        task; per call that was most of this client's own time."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Message] = loop.create_future()
         self.waiting[msg.job_id] = future
         try:
-            wait = min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
-            try:  # IMMEDIATE: a send waits while no connection is up
-                await asyncio.wait_for(self.sock.send_multipart(encode(msg)), wait)
-            except TimeoutError:
-                raise NotSent from None
-            return await asyncio.wait_for(future, max(0.0, deadline - time.monotonic()))
+            sent = self.sock.send_multipart(encode(msg))
+            if not sent.done():  # IMMEDIATE and no connection yet: wait for one, bounded
+                wait = min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
+                try:
+                    await asyncio.wait_for(sent, wait)
+                except TimeoutError:
+                    raise NotSent from None
+            else:
+                sent.result()  # raises what the send raised
+            timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()),
+                                 _expire, future)
+            try:
+                return await future
+            finally:
+                timer.cancel()
         finally:
             self.waiting.pop(msg.job_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # seen: a drop noticed after NotSent raises no warning
 
     async def _read(self) -> None:
+        """Replies to their calls; every reply already waiting is read per wake-up."""
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            try:
-                reply = decode(frames)
-            except ProtocolError:
-                continue
-            future = self.waiting.get(reply.job_id)
-            if future is not None and not future.done():
-                future.set_result(reply)  # else: late, for a call that timed out
+            first = await self.sock.recv_multipart(copy=False)
+            self._deliver(first)
+            for _ in range(DRAIN):
+                try:
+                    frames = recv(self.sock, NOBLOCK)
+                except zmq.Again:
+                    break
+                self._deliver(frames)
+
+    def _deliver(self, frames: Sequence[Any]) -> None:
+        try:
+            reply = decode(frames)
+        except ProtocolError:
+            return
+        future = self.waiting.get(reply.job_id)
+        if future is not None and not future.done():
+            future.set_result(reply)  # else: late, for a call that timed out
 
     async def _watch(self) -> None:
         while True:
@@ -125,7 +160,7 @@ class AsyncClient:
 
     async def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
-        reply = await self._call(Message(MODELS, uuid.uuid4().bytes), timeout or self.timeout)
+        reply = await self._call(Message(MODELS, job_ids.next()), timeout or self.timeout)
         if reply.kind == ERROR:
             raise error_from(reply.header)
         return dict(reply.header.get("models", {}))

@@ -10,14 +10,16 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import zmq
+from zmq.backend import zmq_poll
 
 from supervisor.errors import (
     ERRORS,
@@ -50,6 +52,8 @@ from supervisor.protocol import (
 from supervisor.security import make_curve_client
 from supervisor.transport import recv, send
 
+POLLIN = int(zmq.POLLIN)
+
 __all__ = ["ERRORS", "BadRequest", "Client", "DeadlineExceeded", "InternalError", "JobError",
            "JobTimeout", "NoReply", "Overloaded", "ShuttingDown", "Unavailable", "UnknownModel",
            "WorkerCrashed", "control", "error_from"]
@@ -71,12 +75,31 @@ def endpoint_list(endpoint: str | Sequence[str]) -> list[str]:
     return [endpoint] if isinstance(endpoint, str) else list(endpoint)
 
 
+class JobIds:
+    """Job ids unique to this process: a random prefix and a count (16 bytes). uuid4 reads
+    the OS's random source on every call; the ids only need to tell this process's jobs
+    apart. A forked child draws a new prefix."""
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.prefix, self.count = os.urandom(8), itertools.count()
+
+    def next(self) -> bytes:
+        return self.prefix + next(self.count).to_bytes(8, "big")
+
+
+job_ids = JobIds()
+
+
 def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None) -> Message:
-    specs, frames = pack_arrays({k: np.asarray(v) for k, v in inputs.items()})
+    specs, frames = pack_arrays(inputs)
     header: dict[str, Any] = {"model": model, "inputs": specs}
     if timeout is not None:
         header["timeout_ms"] = max(1, int(timeout * 1000))
-    return Message(INFER, uuid.uuid4().bytes, header, frames)
+    return Message(INFER, job_ids.next(), header, frames)
 
 
 def outcome(msg: Message) -> dict[str, np.ndarray]:
@@ -120,13 +143,13 @@ class _Link:
     def __init__(self, context: zmq.Context[Any], endpoint: str, curve: tuple[Any, ...] | None):
         self.endpoint = endpoint
         self.sock, self.monitor = watched_dealer(context, endpoint, curve)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
+        # zmq_poll on a list built once: pyzmq's Poller and Socket.poll build their lists,
+        # and Socket.poll a whole Poller, on every call.
+        self.watch = [(self.sock, POLLIN), (self.monitor, POLLIN)]
         self.send_wait = -1
 
     def exchange(self, msg: Message, deadline: float) -> Message:
-        while self.monitor.poll(0):  # old news: only a drop after our send matters
+        while zmq_poll(self.watch[1:], 0):  # old news: only a drop after our send matters
             self.monitor.recv_multipart()
         wait = int(min(CONNECT_WAIT, max(0.001, deadline - time.monotonic())) * 1000) + 1
         if wait != self.send_wait:  # a socket option costs a system call: set on change
@@ -137,11 +160,11 @@ class _Link:
         except zmq.Again:
             raise NotSent from None
         while (left := deadline - time.monotonic()) > 0:
-            ready = dict(self.poller.poll(int(left * 1000) + 1))
-            if self.monitor in ready:
+            ready = zmq_poll(self.watch, int(left * 1000) + 1)
+            if any(sock is self.monitor for sock, _ in ready):
                 self.monitor.recv_multipart()
                 raise Lost
-            if self.sock in ready:
+            if ready:
                 reply = decode(recv(self.sock))
                 if reply.job_id == msg.job_id:
                     return reply
@@ -201,7 +224,7 @@ class Client:
 
     def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
-        reply = self._call(Message(MODELS, uuid.uuid4().bytes), timeout or self.timeout)
+        reply = self._call(Message(MODELS, job_ids.next()), timeout or self.timeout)
         if reply.kind == ERROR:
             raise error_from(reply.header)
         return dict(reply.header.get("models", {}))

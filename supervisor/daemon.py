@@ -81,12 +81,19 @@ class SignalInbox:
     def fileno(self) -> int:
         return self._reader.fileno()
 
-    def take(self) -> list[int]:
-        try:
-            while self._reader.recv(4096):
+    def take(self, woken: bool) -> list[int]:
+        """The signals recorded since the last call. ``woken``: the poller saw the wake-up
+        fd readable, so it is drained (a recv that would block costs an exception: not on
+        every wake-up). Python runs a signal's handler before the next bytecode after the
+        poll returns, so a signal that woke the loop is in ``pending`` by now."""
+        if woken:
+            try:
+                while self._reader.recv(4096):
+                    pass
+            except BlockingIOError:
                 pass
-        except BlockingIOError:
-            pass
+        if not self.pending:
+            return self.pending
         taken, self.pending = self.pending, []
         return taken
 
@@ -211,7 +218,8 @@ class Daemon:
         try:
             while not self.core.finished:
                 ready = dict(poller.poll(self._sleep_ms()))
-                self._guarded("signal_handling_failed", self._handle_signals)
+                self._guarded("signal_handling_failed",
+                              partial(self._handle_signals, self.signals.fileno() in ready))
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)
                 if self.frontend in ready:
@@ -433,8 +441,8 @@ class Daemon:
 
     # --- signals, reload and shutdown ----------------------------------------------------
 
-    def _handle_signals(self) -> None:
-        for signum in self.signals.take():
+    def _handle_signals(self, woken: bool = True) -> None:
+        for signum in self.signals.take(woken):
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.core.shutdown(self.clock(), signal.Signals(signum).name)
                 self.reporter.notifier.stopping()

@@ -49,7 +49,12 @@ PY_BLOCKS_PER_1K = 100.0
 BLOCK_BYTES = 512
 # Python types whose objects hold native buffers: a growing count of them explains native
 # heap growth too (the fix is still the Python reference that keeps them).
-BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview")
+BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview",
+                "tensorflow.python.framework.ops.EagerTensor")
+# ... and such objects, or the containers that keep objects (a cache, a list appended to),
+# are taken to hold what grows when they grew by at least this many per job between the
+# worker's last two censuses (one cached result per request is 1).
+HOLD_PER_JOB = 0.5
 # A byte probe (native heap in use, TF allocator, VRAM) explains the growth when its own
 # slope is at least this fraction of the memory slope.
 EXPLAINS = 0.5
@@ -205,7 +210,7 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
         return None
     found = trends(samples, facts, policy)
     latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
-    cause = _cause(found, reason, latest.census if latest is not None else ())
+    cause = _cause(found, reason, latest)
     summary, remedy = _explain(cause, found, latest, life)
     evidence = found.fields()
     if latest is not None:
@@ -218,11 +223,14 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
             evidence["top_shapes"] = [s.to_wire() for s in latest.top_shapes[:3]]
         if latest.census:
             evidence["growing_types"] = dict(latest.census[:3])
+        if latest.containers:
+            evidence["growing_containers"] = dict(latest.containers[:3])
+            evidence["census_jobs"] = latest.census_jobs
     return Diagnosis(cause, summary, remedy, evidence)
 
 
 def _cause(t: Trends, reason: Reason | None,
-           census: tuple[tuple[str, int], ...] = ()) -> Cause:
+           latest: Probes | None = None) -> Cause:
     """The first rule whose evidence is clear, most specific first."""
     if _steady(t.graphs, t.graphs_added):
         return Cause.RETRACING
@@ -231,7 +239,7 @@ def _cause(t: Trends, reason: Reason | None,
     if reason in _VRAM:
         return Cause.VRAM_POOL
     growth = t.memory if t.memory is not None and t.memory > 0 else None
-    if _python_objects(t, growth, census):
+    if _python_objects(t, growth, latest):
         return Cause.PYTHON_OBJECTS
     if growth is not None and t.tf_allocator is not None and t.tf_allocator >= EXPLAINS * growth:
         return Cause.TF_ALLOCATOR
@@ -242,14 +250,24 @@ def _cause(t: Trends, reason: Reason | None,
     return Cause.UNKNOWN
 
 
-def _python_objects(t: Trends, growth: float | None,
-                    census: tuple[tuple[str, int], ...]) -> bool:
+def _python_objects(t: Trends, growth: float | None, latest: Probes | None) -> bool:
     """Live Python allocations grow steadily and can account for the growth: as small
-    objects (BLOCK_BYTES each at most), or as objects holding native buffers."""
+    objects (BLOCK_BYTES each at most), or as buffers Python keeps (see _held)."""
     if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
         return False
-    holders = any(name in BUFFER_TYPES and count > 0 for name, count in census)
-    return holders or growth is None or t.py_blocks * BLOCK_BYTES >= EXPLAINS / 2 * growth
+    return _held(latest) or growth is None or t.py_blocks * BLOCK_BYTES >= EXPLAINS / 2 * growth
+
+
+def _held(latest: Probes | None) -> bool:
+    """Between the last two censuses, objects that hold buffers (numpy arrays, bytes,
+    tensors), or a container, grew by HOLD_PER_JOB per job or more: what grows is kept by
+    Python, even where the bytes are the native heap's."""
+    jobs = latest.census_jobs if latest is not None else None
+    if latest is None or not jobs:
+        return False
+    need = HOLD_PER_JOB * jobs
+    return any(name in BUFFER_TYPES and n >= need for name, n in latest.census) or \
+        any(n >= need for _, n in latest.containers)
 
 
 def _steady(per_1k: float | None, added: int | None) -> bool:
@@ -280,18 +298,7 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
                 "dimension, fixed buckets for sequence lengths, so the set of shapes is small "
                 "and is covered by warm-up")
     if cause is Cause.PYTHON_OBJECTS:
-        types = ", ".join(name for name, _ in latest.census[:3]) if latest and latest.census \
-            else "unknown types (no census yet)"
-        remedy = ("find what keeps a reference per request (a cache without a bound, a list "
-                  "appended to, results kept for logging) and bound or drop it; a "
-                  "functools.lru_cache needs a maxsize")
-        if latest and _keras_loop(latest):
-            remedy = ("TensorFlow or Keras objects accumulate per request, as Keras "
-                      "model.predict() called per request does: call the model as "
-                      "model(x, training=False) inside one tf.function with an "
-                      "input_signature instead; otherwise " + remedy)
-        return (f"Python objects: {t.py_blocks:,.0f} more live Python allocations per 1k jobs; "
-                f"growing: {types}", remedy)
+        return _python_objects_text(t, latest)
     if cause is Cause.TF_ALLOCATOR:
         return (f"TensorFlow allocator: its bytes in use grow {_size(t.tf_allocator)} per 1k "
                 "jobs",
@@ -320,12 +327,30 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
             "worker is recycled before it matters")
 
 
-def _keras_loop(latest: Probes) -> bool:
-    """TensorFlow or Keras objects pile up (the census says so), or Keras's own predict or
-    evaluate loop runs in this worker (its step function is traced; the census may not
-    have run yet in a worker recycled within a minute)."""
-    return any(name.startswith(("tensorflow.", "keras.")) for name, _ in latest.census) or \
-        any(name.startswith(KERAS_STEPS) for name, _ in latest.traced)
+def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:
+    """What grows (the containers that grew, else the types), and the fix."""
+    if latest and latest.containers:
+        name, grew = latest.containers[0]
+        what = f"{name} (+{grew:,} items over {latest.census_jobs or '?'} jobs)"
+    elif latest and latest.census:
+        what = ", ".join(name for name, _ in latest.census[:3])
+    else:
+        what = "unknown types (no census yet)"
+    remedy = ("find what keeps a reference per request (a cache without a bound, a list "
+              "appended to, results kept for logging) and bound or drop it; a "
+              "functools.lru_cache needs a maxsize")
+    if latest and any(name.startswith(KERAS_STEPS) for name, _ in latest.traced):
+        remedy = ("Keras model.predict() runs per request (its step function is traced "
+                  "here) and leaves objects behind: call the model as model(x, "
+                  "training=False) inside one tf.function with an input_signature instead; "
+                  "otherwise " + remedy)
+    elif latest and any(name.startswith(("tensorflow.", "keras.")) for name, _ in
+                        latest.census[:3]):
+        remedy = ("TensorFlow objects accumulate per request: something builds graphs, ops "
+                  "or functions per call (a tf.function or Keras layer created per request, "
+                  "model.predict() per request): build them once; otherwise " + remedy)
+    return (f"Python objects: {t.py_blocks:,.0f} more live Python allocations per 1k jobs; "
+            f"growing: {what}", remedy)
 
 
 def _since(latest: Probes | None, life: Probes | None, name: str) -> str:

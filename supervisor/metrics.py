@@ -17,23 +17,28 @@ baseline and growth the largest. Worker ids are in `status` and the logs.
 
 from __future__ import annotations
 
-import functools
+import bisect
+import itertools
 import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, TypeVar
+from typing import TypeVar
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     Info,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
@@ -165,16 +170,14 @@ class Metrics(Collector):
         self.registry = CollectorRegistry()
         self.snapshot = Snapshot()
         self.server: WSGIServer | None = None
-        self.jobs = Counter("tfsupervisor_jobs", "Jobs answered, by model and outcome (ok or "
-                            "an error code).", ["model", "outcome"], registry=self.registry)
-        self.latency = Histogram("tfsupervisor_job_latency_seconds", "From a job's arrival to "
-                                 "its answer.", ["model"], buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
-        self.queue_wait = Histogram("tfsupervisor_queue_wait_seconds", "From a job's arrival "
-                                    "to its dispatch to a worker.", ["model"],
-                                    buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_size = Histogram("tfsupervisor_batch_size", "Rows per dispatched batch.",
-                                    ["model"], buckets=BATCH_BUCKETS, registry=self.registry)
+        self.jobs = Tally("tfsupervisor_jobs", "Jobs answered, by model and outcome (ok or "
+                          "an error code).", ("model", "outcome"))
+        self.latency = Buckets("tfsupervisor_job_latency_seconds", "From a job's arrival to "
+                               "its answer.", LATENCY_BUCKETS)
+        self.queue_wait = Buckets("tfsupervisor_queue_wait_seconds", "From a job's arrival "
+                                  "to its dispatch to a worker.", LATENCY_BUCKETS)
+        self.batch_size = Buckets("tfsupervisor_batch_size", "Rows per dispatched batch.",
+                                  BATCH_BUCKETS)
         self.reloads = Counter("tfsupervisor_config_reloads", "Config reloads by outcome "
                                "(rejected: the running config was kept).", ["outcome"],
                                registry=self.registry)
@@ -190,21 +193,15 @@ class Metrics(Collector):
         ProcessCollector(namespace="tfsupervisor", registry=self.registry)
         self.registry.register(self)
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one Metrics per process, bounded
-    def _child(self, family: str, *labels: str) -> Any:
-        """labels() resolved once per label set: it is on every job's path."""
-        return getattr(self, family).labels(*labels)
-
     def job(self, model: str, outcome: str, latency: float | None) -> None:
-        self._child("jobs", model, outcome).inc()
+        self.jobs.inc((model, outcome))
         if latency is not None:
-            self._child("latency", model).observe(latency)
+            self.latency.observe(model, latency)
 
     def batch(self, model: str, rows: int, waits: list[float]) -> None:
-        self._child("batch_size", model).observe(rows)
-        queue_wait = self._child("queue_wait", model)
+        self.batch_size.observe(model, rows)
         for wait in waits:
-            queue_wait.observe(wait)
+            self.queue_wait.observe(model, wait)
 
     def reloaded(self, applied: bool) -> None:
         self.reloads.labels(RELOAD_OUTCOMES[0] if applied else RELOAD_OUTCOMES[1]).inc()
@@ -228,7 +225,55 @@ class Metrics(Collector):
         self.snapshot = Snapshot(slot_rows(pool), model_rows(pool, router))
 
     def collect(self) -> Iterable[Metric]:
-        return families(self.snapshot)
+        return [*families(self.snapshot), self.jobs.family(), self.latency.family(),
+                self.queue_wait.family(), self.batch_size.family()]
+
+
+class Tally:
+    """A counter by label values, kept as a plain dict and read at scrape time. Counting is
+    on every job's path, where prometheus_client's Counter takes a lock (measured with the
+    histograms below: ~8 µs of the supervisor's CPU per job, against ~1 µs). The main loop
+    alone writes; the scrape thread copies the dict (atomic under the GIL)."""
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
+        self.name, self.doc, self.labels = name, doc, labels
+        self.counts: dict[tuple[str, ...], int] = {}
+
+    def inc(self, values: tuple[str, ...]) -> None:
+        self.counts[values] = self.counts.get(values, 0) + 1
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
+        for values, count in self.counts.copy().items():
+            family.add_metric(list(values), count)
+        return family
+
+
+class Buckets:
+    """A histogram by model, counted into fixed buckets with one bisect (a value on a bound
+    falls in that bound's bucket, as ``le`` says) and turned into cumulative Prometheus
+    buckets at scrape time; see Tally for why."""
+
+    def __init__(self, name: str, doc: str, bounds: Sequence[float]) -> None:
+        self.name, self.doc, self.bounds = name, doc, list(bounds)
+        self.series: dict[str, tuple[list[int], list[float]]] = {}  # counts (+Inf last), sum
+
+    def observe(self, model: str, value: float) -> None:
+        series = self.series.get(model)
+        if series is None:
+            series = self.series[model] = ([0] * (len(self.bounds) + 1), [0.0])
+        series[0][bisect.bisect_left(self.bounds, value)] += 1
+        series[1][0] += value
+
+    def family(self) -> Metric:
+        family = HistogramMetricFamily(self.name, self.doc, labels=["model"])
+        for model, (counts, total) in self.series.copy().items():
+            cumulative = list(itertools.accumulate(counts[:]))
+            # ``le`` as prometheus_client writes it: repr of the float (1.0, 0.0005).
+            buckets = [(repr(float(b)), c) for b, c in zip(self.bounds, cumulative,
+                                                           strict=False)]
+            family.add_metric([model], [*buckets, ("+Inf", cumulative[-1])], total[0])
+        return family
 
 
 def families(snap: Snapshot) -> list[Metric]:

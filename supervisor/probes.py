@@ -68,6 +68,10 @@ class Probes:
     top_shapes: tuple[ShapeGrowth, ...] = ()
     # Python types whose live count grew most between the last two censuses (count delta).
     census: tuple[tuple[str, int], ...] = ()
+    # Containers that grew most between them, by what they hold ("dict of numpy.ndarray"),
+    # with their growth in items; and the jobs answered between the two censuses.
+    containers: tuple[tuple[str, int], ...] = ()
+    census_jobs: int | None = None
     # Seconds this worker has spent on probes (sampling and per-batch accounting).
     cost_seconds: float = 0.0
     # Jobs the worker had answered when these were read: readings are paced by their cost,
@@ -84,6 +88,8 @@ class Probes:
                 "tf_allocator": self.tf_allocator, "shapes": self.shapes,
                 "top_shapes": [s.to_wire() for s in self.top_shapes],
                 "census": [list(c) for c in self.census],
+                "containers": [list(c) for c in self.containers],
+                "census_jobs": self.census_jobs,
                 "cost_seconds": round(self.cost_seconds, 6), "jobs": self.jobs}
 
     @classmethod
@@ -104,6 +110,8 @@ class Probes:
                                          (shapes if isinstance(shapes, list) else [])[:MAX_NAMES])
                              if s is not None),
             census=_named_counts(raw.get("census"), signed=True),
+            containers=_named_counts(raw.get("containers")),
+            census_jobs=_count(raw.get("census_jobs")),
             cost_seconds=_seconds(raw.get("cost_seconds")), jobs=_count(raw.get("jobs")))
 
 

@@ -92,7 +92,7 @@ def render_explain(report: dict[str, Any]) -> str:
     """Per worker, in plain words: the suspected cause and its remedy, the probes' trends,
     what was traced most, the input shapes that grew it most, the Python types growing."""
     lines = [f"model {report['model']} ({report['memory_metric']}), "
-             f"{len(report['workers'])} worker(s)"]
+             f"{len(report['workers'])} worker process(es), replacements included"]
     last = report.get("last_recycle")
     if last:
         lines.append(f"last recycle: {last['reason']} of {last['worker']}"
@@ -130,6 +130,10 @@ def _explain_worker(w: dict[str, Any]) -> list[str]:
     if probes.get("census"):
         out.append("Python types growing: " + ", ".join(f"{n} {c:+,}" for n, c in
                                                         probes["census"]))
+    if probes.get("containers"):
+        jobs = probes.get("census_jobs")
+        out.append("containers growing" + (f" (over {jobs:,} jobs)" if jobs else "") + ": "
+                   + ", ".join(f"{n} {c:+,} items" for n, c in probes["containers"]))
     if w.get("probe_cost_per_job") is not None:
         out.append(f"probes cost {w['probe_cost_per_job'] * 1e6:.1f} us per job")
     return out

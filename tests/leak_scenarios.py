@@ -23,7 +23,10 @@ import numpy as np
 from supervisor.client import Client, JobError
 from supervisor.testing import Supervisor
 
-POLICY: dict[str, Any] = {"warmup_jobs": 30, "warmup_seconds": "2s", "trend_window": 24,
+# The window (32 polls: 8 s) outlasts two censuses of a growing worker (~2-5 s apart on 2
+# busy cores, worker/probes.py): the census is what tells a Python cache of numpy arrays
+# from a native leak. With the defaults (60 polls) a window spans minutes.
+POLICY: dict[str, Any] = {"warmup_jobs": 30, "warmup_seconds": "2s", "trend_window": 32,
                           "trend_confirmations": 2, "max_growth_per_1k_jobs": "4MiB",
                           "min_lifetime": "1s"}
 POLL = "0.25s"
@@ -93,6 +96,8 @@ def host_cases(demo_saved_model: Path) -> list[Case]:
         Case("native", "handler mallocs 256 KiB per job through ctypes, never frees",
              model("tests.leak_handlers:native_leak", {"bytes_per_call": 256 * 1024}),
              rows("x", 16), "native_heap"),
+        Case("cache", "unbounded functools.lru_cache of 32 KiB numpy arrays, one per job",
+             model("tests.leak_handlers:array_cache"), rows("x", 16), "python_objects"),
         Case("healthy", "the demo MLP SavedModel, one row per job",
              model(saved_model=demo_saved_model), rows("features", 64), None),
     ]

@@ -176,6 +176,16 @@ def test_schema_command_prints_json() -> None:
         "properties"]["policy"]["properties"]
 
 
+def test_output_piped_to_a_reader_that_stops_is_not_an_error() -> None:
+    """`tfsupervisor schema --markdown | head -1`: the reader goes away before the end."""
+    cli = subprocess.Popen([sys.executable, "-m", "supervisor", "schema", "--markdown"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert cli.stdout is not None and cli.stderr is not None
+    cli.stdout.close()  # before the command (seconds to import) writes its first line
+    assert cli.wait(60) == 0
+    assert "BrokenPipeError" not in cli.stderr.read().decode()
+
+
 def test_configuration_reference_is_current() -> None:
     from supervisor.config import config_reference
 

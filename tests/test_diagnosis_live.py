@@ -61,6 +61,8 @@ def test_python_and_native_causes_named_and_healthy_left_alone(
     assert failures == []
     named_right(cases, found)
     assert "model.predict()" not in found["hoard"]["remedy"]
+    assert "C extension" in found["native"]["remedy"]
+    assert "numpy.ndarray" in found["cache"]["summary"], found["cache"]
     assert "healthy" not in found
     healthy = status["models"]["healthy"]
     assert healthy["recycles"] == {}, healthy

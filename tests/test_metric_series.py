@@ -5,6 +5,7 @@ is test_operations.py::test_external_kill_and_recycles_show_in_metrics_and_statu
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import signal
@@ -12,13 +13,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
+import hypothesis.strategies as st
+from hypothesis import given
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.config import parse_config
 from supervisor.control import Controller
 from supervisor.exitcodes import WorkerExit
-from supervisor.metrics import Metrics, slot_rows
+from supervisor.metrics import LATENCY_BUCKETS, Metrics, slot_rows
 from supervisor.pool import State
 from supervisor.reasons import ExitCause, Reason, exit_cause
 from supervisor.render import render_status
@@ -393,3 +396,34 @@ def test_always_zero_series_are_gone_and_limits_build_and_reloads_are_there() ->
     assert causes == {c.value for c in ExitCause} - {"job_timeout"}  # no job_timeout set
     assert not promlint(exposition), promlint(exposition)
 
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
+                          st.floats(0, 100, allow_nan=False) | st.sampled_from(LATENCY_BUCKETS)),
+                max_size=60))
+def test_job_histograms_expose_what_prometheus_client_would(
+        observations: list[tuple[str, float]]) -> None:
+    """The per-job histograms and counter are counted in plain Python for speed; what they
+    expose must be what prometheus_client's own Histogram and Counter expose for the same
+    observations (a value on a bound in that bound's bucket, cumulative buckets, sums).
+    Only the ``_created`` series are not kept: they held each series' start time."""
+    ours = Metrics()
+    registry = CollectorRegistry()
+    latency = Histogram("tfsupervisor_job_latency_seconds", "x", ["model"],
+                        buckets=LATENCY_BUCKETS, registry=registry)
+    jobs = Counter("tfsupervisor_jobs", "x", ["model", "outcome"], registry=registry)
+    for model, value in observations:
+        ours.job(model, "ok", value)
+        latency.labels(model).observe(value)
+        jobs.labels(model, "ok").inc()
+
+    def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text.decode()) for s in f.samples
+                if s.name.startswith(("tfsupervisor_job_latency", "tfsupervisor_jobs_total"))
+                and not s.name.endswith("_created")}
+
+    theirs, mine = samples(generate_latest(registry)), samples(generate_latest(ours.registry))
+    assert mine.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert math.isclose(mine[key], value, rel_tol=1e-9, abs_tol=1e-9), key

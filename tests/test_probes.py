@@ -21,6 +21,8 @@ from worker.probes import (
     BUDGET,
     CENSUS_BLOCKS,
     CENSUS_INTERVAL,
+    GROWING_BYTES,
+    GROWING_CENSUS_INTERVAL,
     MAX_CENSUS_SECONDS,
     ProbeRecorder,
     ShapeTable,
@@ -267,6 +269,37 @@ def test_census_waits_for_growth_and_a_minute_and_reports_what_grew(fake: Fake) 
     assert recorder.latest.census == ()  # nothing grew since
 
 
+def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
+        fake: Fake) -> None:
+    """numpy arrays are not tracked by the garbage collector, so no count by type sees an
+    unbounded cache of them; the dict that keeps them is. A worker whose RSS grows gets its
+    first compared census early, however few Python blocks it adds; later ones come at
+    most once per CENSUS_INTERVAL, growing or not."""
+    cache: dict[int, np.ndarray] = {}
+    fake.objects = [cache, [], {"a": 1}]
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    assert fake.readings["objects"] == 1  # the baseline, before the first job
+
+    def serve(until: int, now: float) -> None:
+        for i in range(len(cache), until):
+            cache[i] = np.zeros(4)
+        fake.rss += 20 * GROWING_BYTES
+        fake.blocks += 10  # far under CENSUS_BLOCKS
+        recorder.between(now, until)
+
+    serve(300, GROWING_CENSUS_INTERVAL / 2)
+    assert fake.readings["objects"] == 1  # not yet
+    serve(650, GROWING_CENSUS_INTERVAL)
+    assert fake.readings["objects"] == 2
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 650),)
+    assert recorder.latest.census_jobs == 650
+    serve(900, 2 * GROWING_CENSUS_INTERVAL)  # still growing: the early one was the one
+    assert fake.readings["objects"] == 2
+    serve(2000, GROWING_CENSUS_INTERVAL + CENSUS_INTERVAL)
+    assert fake.readings["objects"] == 3
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 1350),)
+
+
 def test_a_census_that_stalls_serving_is_the_last(fake: Fake) -> None:
     fake.census_cost = MAX_CENSUS_SECONDS * 2
     recorder = ProbeRecorder(1.0, 0.0, fake.sources())
@@ -372,14 +405,15 @@ def test_from_wire_never_raises_and_bounds_everything(raw: Any) -> None:
 
 
 def _bounded(probes: Probes) -> None:
-    for name in ("graphs", "py_blocks", "native_heap", "tf_allocator", "shapes"):
+    for name in ("graphs", "py_blocks", "native_heap", "tf_allocator", "shapes", "jobs",
+                 "census_jobs"):
         value = getattr(probes, name)
         assert value is None or (type(value) is int and 0 <= value <= MAX_COUNT), (name, value)
-    for names in (probes.traced, probes.census):
+    for names in (probes.traced, probes.census, probes.containers):
         assert len(names) <= MAX_NAMES
         assert all(type(n) is str and len(n) <= MAX_NAME and type(c) is int
                    and abs(c) <= MAX_COUNT for n, c in names)
-    assert all(c >= 0 for _, c in probes.traced)
+    assert all(c >= 0 for _, c in (*probes.traced, *probes.containers))
     assert len(probes.top_shapes) <= MAX_NAMES
     for shape in probes.top_shapes:
         assert len(shape.signature) <= MAX_NAME
@@ -406,7 +440,8 @@ wire_values = st.recursive(
     | st.dictionaries(st.text(max_size=12) | st.integers(), inner, max_size=6),
     max_leaves=40)
 fields = st.sampled_from(["graphs", "traced", "py_blocks", "native_heap", "tf_allocator",
-                          "shapes", "top_shapes", "census", "cost_seconds", "other"])
+                          "shapes", "top_shapes", "census", "containers", "census_jobs",
+                          "cost_seconds", "jobs", "other"])
 
 
 @settings(max_examples=300)

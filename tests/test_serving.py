@@ -23,6 +23,7 @@ from supervisor.aclient import AsyncClient
 from supervisor.client import (
     BadRequest,
     Client,
+    JobError,
     NoReply,
     Unavailable,
     UnknownModel,
@@ -111,6 +112,37 @@ def test_async_client(echo_sup: Supervisor) -> None:
             return [float(o["x"][0, 0]) for o in outs]
 
     assert asyncio.run(go()) == [float(i) for i in range(20)]
+
+
+def test_async_client_under_many_calls_times_out_and_goes_on(echo_sup: Supervisor) -> None:
+    """Hundreds of calls in flight on one socket (replies are read many per wake-up), a call
+    whose job outlives its timeout, and the same client serving on afterwards."""
+    async def go() -> None:
+        async with AsyncClient(echo_sup.endpoint, timeout=10) as client:
+            outs = await asyncio.gather(*(client.infer("echo", x(1, float(i)))
+                                          for i in range(500)))
+            assert [float(o["x"][0, 0]) for o in outs] == [float(i) for i in range(500)]
+            start = time.monotonic()
+            with pytest.raises(JobError) as err:  # the worker sleeps 0.5 s on this one: no
+                # reply within the timeout (or deadline_exceeded if it was still queued)
+                await client.infer("echo", x(1, SLEEP_MARK), timeout=0.2)
+            assert err.value.code in ("no_reply", "deadline_exceeded"), err.value
+            assert time.monotonic() - start < 2.0
+            out = await client.infer("echo", x(1, 7.0))  # the late result is not this one
+            assert float(out["x"][0, 0]) == 7.0
+
+    asyncio.run(go())
+
+
+def test_async_client_with_nobody_listening_is_no_reply() -> None:
+    async def go() -> None:
+        async with AsyncClient("ipc:///tmp/tfs-nobody-listens.sock", timeout=0.3) as client:
+            with pytest.raises(NoReply):
+                await client.infer("echo", x())
+
+    start = time.monotonic()
+    asyncio.run(go())
+    assert time.monotonic() - start < 5.0
 
 
 def test_unknown_model(echo_sup: Supervisor) -> None:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import zmq
+from zmq.backend import zmq_poll
 
 from supervisor import logs
 from supervisor.exitcodes import WorkerExit
@@ -172,9 +173,11 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
     sock.send_multipart(encode(signed(Message(READY, b"", ready), spec.secret)))
     heartbeat.start()
     code = WorkerExit.OK
+    # zmq_poll on a list built once: Socket.poll builds a whole Poller on every call.
+    watch = [(sock, int(zmq.POLLIN))]
     try:
         while not stop.set:
-            if not sock.poll(200):
+            if not zmq_poll(watch, 200):
                 if probes is not None:
                     probes.between(time.monotonic(), heartbeat.jobs)
                 continue

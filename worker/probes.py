@@ -32,11 +32,12 @@ import collections
 import ctypes
 import gc
 import heapq
+import itertools
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +66,24 @@ GROWING_BYTES = 1024**2
 # At least one batch in this many is measured, whatever its reads cost.
 MAX_SKIP = 10_000
 # A census runs when Python's allocated blocks grew by this many since the last one (~0.5 to
-# 10 MB of small objects), and at most once per CENSUS_INTERVAL seconds.
+# 10 MB of small objects), or when RSS grows (see GROWING_BYTES) whatever the blocks did;
+# at most once per CENSUS_INTERVAL seconds. One exception: the first census compared with
+# the baseline, in a worker whose RSS grows, comes as soon as GROWING_CENSUS_INTERVAL and
+# GROWING_BUDGET allow: a fast leak is recycled within seconds, and a census is what tells
+# a buffer kept by Python (a numpy array in a cache) from a native leak. So a leaking
+# worker pays for one early census (~100 ms in a TF worker), a steady one never.
 CENSUS_BLOCKS = 20_000
 CENSUS_INTERVAL = 60.0
+GROWING_CENSUS_INTERVAL = 2.0
+GROWING_BUDGET = 0.05
+# Containers (dict, list, set, deque) a census remembers, the largest, by id and length: the
+# next census reports those that grew, and what they hold. numpy arrays and bytes are not
+# tracked by the garbage collector, so no count by type sees them; the cache or list that
+# keeps them is.
+MAX_CONTAINERS = 512
+MIN_CONTAINER = 8  # items; smaller ones are not ranked (most of a TF worker's ~60k)
+CONTAINER_TYPES = frozenset({dict, list, set, collections.deque, collections.OrderedDict,
+                             collections.defaultdict})
 # Objects counted per census; past this the census counts an even stride of them and
 # scales up (a leak of millions of objects still shows which types they are).
 CENSUS_SAMPLE = 200_000
@@ -140,7 +156,7 @@ class ProbeRecorder:
         self._last_measured = self.sources.clock()
         self._unmeasured = 0  # batches counted but not timed, not yet in cost
         self._per_batch = 0.0  # seconds the counting takes a batch, from the timed ones
-        self.between(now)
+        self.between(now, 0)  # before the first job
 
     def wrap(self, runner: Runner) -> Runner:
         """The runner, its calls counted by signature and, as the budget allows, measured:
@@ -245,15 +261,20 @@ class ProbeRecorder:
         native, allocator = sources.native_heap(), sources.tf_allocator()
         shapes, top_shapes = self.shapes.distinct(), self.shapes.top(MAX_NAMES)
         sampled = clock() - start
-        if self.census.due(now, blocks):
-            self.census.take(now, blocks, sources.objects, clock)
+        rss = sources.rss()
+        growing = rss is not None and self._sampled_rss is not None and \
+            rss - self._sampled_rss >= GROWING_BYTES
+        if self.census.due(now, blocks, growing):
+            self.census.take(now, blocks, sources.objects, clock, jobs)
         self._next_sample = now + max(self.interval, sampled / BUDGET)
         self._next_check = now + self.interval
-        self._sampled_rss = sources.rss()
+        self._sampled_rss = rss
         self.cost += clock() - start
         self.latest = Probes(graphs=graphs, traced=names, py_blocks=blocks, native_heap=native,
                              tf_allocator=allocator, shapes=shapes, top_shapes=top_shapes,
-                             census=self.census.grown, cost_seconds=self.cost, jobs=jobs)
+                             census=self.census.grown, containers=self.census.containers,
+                             census_jobs=self.census.between_jobs, cost_seconds=self.cost,
+                             jobs=jobs)
 
     def close(self) -> None:
         self.sources.close()
@@ -406,29 +427,43 @@ class Census:
 
     counts: dict[str, int] | None = None  # by type name, at the last census
     blocks: int = 0  # py_blocks at the last census
-    next_at: float = 0.0
+    jobs: int | None = None  # jobs answered at the last census
+    sizes: dict[int, int] | None = None  # the largest containers' lengths, by id
+    taken_at: float = -math.inf
     stopped: bool = False  # the last census took longer than MAX_CENSUS_SECONDS
     grown: tuple[tuple[str, int], ...] = ()  # the types that grew most, by count
+    containers: tuple[tuple[str, int], ...] = ()  # the containers that grew most, by length
+    between_jobs: int | None = None  # jobs between the last two censuses
+    compared: bool = False  # a census has been compared with an earlier one
     took: float = 0.0  # seconds the last census took
 
-    def due(self, now: float, blocks: int | None) -> bool:
-        if self.stopped or blocks is None or now < self.next_at:
+    def due(self, now: float, blocks: int | None, growing: bool = False) -> bool:
+        if self.stopped or blocks is None:
             return False
-        # The first census is the baseline the next one is compared with.
-        return self.counts is None or blocks - self.blocks >= CENSUS_BLOCKS
+        if self.counts is None:
+            return True  # the first census is the baseline the next one is compared with
+        early = growing and not self.compared
+        spacing = max(GROWING_CENSUS_INTERVAL, self.took / GROWING_BUDGET) if early \
+            else max(CENSUS_INTERVAL, self.took / BUDGET)
+        return now >= self.taken_at + spacing and \
+            (growing or blocks - self.blocks >= CENSUS_BLOCKS)
 
     def take(self, now: float, blocks: int | None, objects: Callable[[], list[Any]],
-             clock: Callable[[], float]) -> None:
+             clock: Callable[[], float], jobs: int | None = None) -> None:
         start = clock()
-        counts = count_types(objects())
+        live = objects()
+        counts = count_types(live)
+        sizes, holding = largest_containers(live, self.sizes or {})
+        del live
         self.took = clock() - start
         if self.counts is not None:
             deltas = ((name, n - self.counts.get(name, 0)) for name, n in counts.items())
-            self.grown = tuple(heapq.nlargest(MAX_NAMES, ((name[:MAX_NAME], d)
-                                                          for name, d in deltas if d > 0),
-                                              key=lambda item: item[1]))
-        self.counts, self.blocks = counts, blocks or 0
-        self.next_at = now + max(CENSUS_INTERVAL, self.took / BUDGET)
+            self.grown = _largest((name, d) for name, d in deltas if d > 0)
+            self.containers = holding
+            self.between_jobs = None if jobs is None or self.jobs is None else jobs - self.jobs
+            self.compared = True
+        self.counts, self.blocks, self.sizes, self.jobs = counts, blocks or 0, sizes, jobs
+        self.taken_at = now
         self.stopped = self.took > MAX_CENSUS_SECONDS
 
 
@@ -443,6 +478,44 @@ def count_types(objects: list[Any]) -> dict[str, int]:
     for kind, n in by_type.items():
         named[type_name(kind)] += n * stride
     return dict(named.most_common(MAX_TYPES))
+
+
+def largest_containers(objects: list[Any], before: dict[int, int],
+                       ) -> tuple[dict[int, int], tuple[tuple[str, int], ...]]:
+    """The MAX_CONTAINERS largest containers' lengths by id, and those of them that grew
+    since ``before`` (the last census's), described by what they hold: "dict of
+    numpy.ndarray", with the growth. A container not among the largest last time grew
+    from the smallest length kept then (a lower bound: it was not larger)."""
+    # Iterated in C (compress, map, zip, nlargest on tuples): a TF worker holds ~60k
+    # containers among ~320k objects, and a Python loop over them costs a census 40 ms.
+    found = list(itertools.compress(objects, map(CONTAINER_TYPES.__contains__,
+                                                 map(type, objects))))
+    found = list(itertools.compress(found, map(MIN_CONTAINER.__le__, map(len, found))))
+    top = heapq.nlargest(MAX_CONTAINERS, zip(map(len, found), map(id, found),
+                                             range(len(found)), strict=True))
+    sized = [(n, ident, found[i]) for n, ident, i in top]
+    del found
+    floor = min(before.values(), default=0)
+    growth = [(n - before.get(ident, floor), o) for n, ident, o in sized]
+    grew = heapq.nlargest(MAX_NAMES, ((d, o) for d, o in growth if d > 0),
+                          key=lambda item: item[0])
+    holding = tuple((f"{type_name(type(o))} of {held_type(o)}"[:MAX_NAME], d) for d, o in grew)
+    sizes = {ident: n for n, ident, _ in sized}
+    del sized, growth, grew
+    return sizes, holding
+
+
+def held_type(container: Any) -> str:
+    """The most common type among a container's values (a dict's values, not its keys),
+    from at most 64 of them."""
+    values = container.values() if isinstance(container, dict) else container
+    kinds = collections.Counter(type_name(type(v)) for v in itertools.islice(values, 64))
+    return kinds.most_common(1)[0][0] if kinds else "nothing"
+
+
+def _largest(items: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple(heapq.nlargest(MAX_NAMES, ((name[:MAX_NAME], n) for name, n in items),
+                                key=lambda item: item[1]))
 
 
 def type_name(kind: type) -> str:
