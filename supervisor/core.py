@@ -24,6 +24,7 @@ from supervisor import logs
 from supervisor import reload as reloading
 from supervisor.actions import Action, Reply, SampleNow
 from supervisor.config import Config
+from supervisor.door import Door
 from supervisor.history import Reading, Sample
 from supervisor.lifecycle import STOP_GRACE, Lifecycle
 from supervisor.pool import Pool, State, WorkerHandle
@@ -47,8 +48,6 @@ from supervisor.protocol import (
     Message,
     ProtocolError,
     TensorSpec,
-    check_frames,
-    check_specs,
     decode,
     error_message,
     parse_specs,
@@ -89,6 +88,7 @@ class Core:
         self.recycler = Recycler(self.pool, self.router, self.lifecycle)
         self.limits = Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
         self.next_job_id = 1
+        self.doors: dict[str, Door] = {}  # per model: request descriptions that passed
         self.next_poll = 0.0
         self.shutdown_started: float | None = None
         self.fast_exit = False
@@ -153,11 +153,12 @@ class Core:
             served = ", ".join(sorted(n for n, s in self.pool.models.items() if not s.removed))
             raise Refusal(UNKNOWN_MODEL, f"no model named '{model[:256]}' (served: {served})")
         nbytes = self._sized(msg)
+        door = self.doors.get(model)
+        if door is None:
+            door = self.doors[model] = Door()
         try:  # from the header and the frame lengths alone: no array is built at the door
-            specs = parse_specs(msg.header.get("inputs"))
-            check_frames(specs, msg.arrays, self.limits.max_elements)
-            if state.inputs is not None:
-                check_specs(state.inputs, specs)
+            door.check(msg.header.get("inputs"), msg.arrays, state.inputs,
+                       self.limits.max_elements)
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
         job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
