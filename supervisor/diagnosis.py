@@ -344,13 +344,18 @@ def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:
                   "here) and leaves objects behind: call the model as model(x, "
                   "training=False) inside one tf.function with an input_signature instead; "
                   "otherwise " + remedy)
-    elif latest and any(name.startswith(("tensorflow.", "keras.")) for name, _ in
-                        latest.census[:3]):
+    elif latest and any(_graph_type(name) for name, _ in latest.census[:3]):
         remedy = ("TensorFlow objects accumulate per request: something builds graphs, ops "
                   "or functions per call (a tf.function or Keras layer created per request, "
                   "model.predict() per request): build them once; otherwise " + remedy)
     return (f"Python objects: {t.py_blocks:,.0f} more live Python allocations per 1k jobs; "
             f"growing: {what}", remedy)
+
+
+def _graph_type(name: str) -> bool:
+    """A TensorFlow or Keras type that graph building leaves (an Operation, a FuncGraph), not
+    a tensor kept with its value (EagerTensor: a buffer, see BUFFER_TYPES)."""
+    return name.startswith(("tensorflow.", "keras.")) and name not in BUFFER_TYPES
 
 
 def _since(latest: Probes | None, life: Probes | None, name: str) -> str:

@@ -9,7 +9,7 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
   is ``worker.tf_handlers:retracing``.)
 - ``python_hoard``: keeps a few small Python objects per call, forever.
 - ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it.
-- ``array_cache``: keeps a 32 KiB numpy array per call in an unbounded ``lru_cache``.
+- ``array_cache``: keeps a 32 KiB numpy array per call in a dict that is never evicted.
 - ``keras_predict``: the demo MLP called with ``model.predict()`` per call.
 - :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
   embedding, mean-pooled), to be served with many sequence lengths.
@@ -21,7 +21,6 @@ size), so their workers are TF workers whose graphs stay flat.
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Any
 
 import numpy as np
@@ -94,22 +93,20 @@ class NativeLeak(_Dense):
 
 
 class ArrayCache(_Dense):
-    """Caches a 32 KiB numpy array per request in an unbounded functools.lru_cache keyed by
-    the request's bytes (a feature cache that is never bounded). The arrays' bytes are the
-    native heap's; what keeps them is a Python dict."""
+    """Caches a 32 KiB numpy array per request in a plain dict keyed by the request's bytes,
+    never evicted (a hand-written feature cache). The arrays' bytes are the native heap's;
+    and the dict, holding only bytes and arrays, is one the garbage collector does not track
+    (CPython untracks dicts of atomic values): only its holder leads to it."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options, signature=True)
-        size = int(options.get("floats_per_call", 4096))
-
-        @functools.cache  # = lru_cache(maxsize=None): unbounded
-        def features(key: bytes) -> np.ndarray:
-            return np.random.default_rng(len(key)).standard_normal(size)
-
-        self.features = features
+        self.size = int(options.get("floats_per_call", 4096))
+        self.cache: dict[bytes, np.ndarray] = {}
 
     def __call__(self, inputs: Arrays) -> Arrays:
-        self.features(inputs["x"].tobytes())
+        key = inputs["x"].tobytes()
+        if key not in self.cache:
+            self.cache[key] = np.random.default_rng(len(self.cache)).standard_normal(self.size)
         return super().__call__(inputs)
 
 

@@ -96,7 +96,7 @@ def host_cases(demo_saved_model: Path) -> list[Case]:
         Case("native", "handler mallocs 256 KiB per job through ctypes, never frees",
              model("tests.leak_handlers:native_leak", {"bytes_per_call": 256 * 1024}),
              rows("x", 16), "native_heap"),
-        Case("cache", "unbounded functools.lru_cache of 32 KiB numpy arrays, one per job",
+        Case("cache", "a dict caching a 32 KiB numpy array per job, never evicted",
              model("tests.leak_handlers:array_cache"), rows("x", 16), "python_objects"),
         Case("healthy", "the demo MLP SavedModel, one row per job",
              model(saved_model=demo_saved_model), rows("features", 64), None),

@@ -245,3 +245,13 @@ def test_tensorflow_objects_without_keras_predict_get_the_build_once_remedy() ->
     _, _, remedy = judge(series(2 * MB, lambda i: dataclasses.replace(
         grows(py_blocks=20_000)(i), census=census)))
     assert "build them once" in remedy and "predict() runs per request" not in remedy
+
+
+def test_tensors_kept_in_a_list_are_not_blamed_on_graph_building() -> None:
+    census = (("tensorflow.python.framework.ops.EagerTensor", 114), ("dict", 20))
+    _, summary, remedy = judge(series(3 * MB, lambda i: dataclasses.replace(
+        grows(py_blocks=700, native_heap=3 * MB)(i), census=census,
+        containers=(("list of tensorflow.python.framework.ops.EagerTensor", 113),),
+        census_jobs=113)))
+    assert "list of tensorflow.python.framework.ops.EagerTensor (+113 items" in summary
+    assert "build them once" not in remedy and "a list appended to" in remedy

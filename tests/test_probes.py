@@ -24,6 +24,7 @@ from worker.probes import (
     GROWING_BYTES,
     GROWING_CENSUS_INTERVAL,
     MAX_CENSUS_SECONDS,
+    MIN_CONTAINER,
     ProbeRecorder,
     ShapeTable,
     Sources,
@@ -291,13 +292,47 @@ def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
     assert fake.readings["objects"] == 1  # not yet
     serve(650, GROWING_CENSUS_INTERVAL)
     assert fake.readings["objects"] == 2
-    assert recorder.latest.containers == (("dict of numpy.ndarray", 650),)
+    # empty at the baseline, so not kept: grown from under MIN_CONTAINER, a lower bound
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 650 - MIN_CONTAINER + 1),)
     assert recorder.latest.census_jobs == 650
     serve(900, 2 * GROWING_CENSUS_INTERVAL)  # still growing: the early one was the one
     assert fake.readings["objects"] == 2
     serve(2000, GROWING_CENSUS_INTERVAL + CENSUS_INTERVAL)
     assert fake.readings["objects"] == 3
     assert recorder.latest.containers == (("dict of numpy.ndarray", 1350),)
+
+
+class CachingHandler:
+    """Keeps a dict of bytes by bytes: CPython does not track such a dict, so
+    gc.get_objects() never lists it; a census finds it from the handler."""
+
+    def __init__(self) -> None:
+        self.cache: dict[bytes, bytes] = {}
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.cache[len(self.cache).to_bytes(4, "big")] = bytes(64)
+        return {"y": np.zeros((1, 1), np.float32)}
+
+
+def test_a_cache_the_garbage_collector_does_not_track_is_found_from_the_handler(
+        fake: Fake) -> None:
+    import gc
+
+    handler = CachingHandler()
+    fake.objects = [{"unrelated": [1, 2, 3]}]  # what gc.get_objects() lists: not the cache
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    runner = recorder.wrap(Runner(handler, None, None))
+    for _ in range(10):
+        runner(x(1))
+    recorder.between(1.0, 10)  # the first sample since wrapping: the census baseline
+    for _ in range(500):
+        runner(x(1))
+    assert not gc.is_tracked(handler.cache)
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0 + GROWING_CENSUS_INTERVAL, 510)
+    # the baseline was taken at the first sample after wrapping, from the handler too
+    assert fake.readings["objects"] == 3
+    assert recorder.latest.containers == (("dict of bytes", 500),)
 
 
 def test_a_census_that_stalls_serving_is_the_last(fake: Fake) -> None:

@@ -28,6 +28,7 @@ paces them.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import ctypes
 import gc
@@ -37,7 +38,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +82,12 @@ GROWING_BUDGET = 0.05
 # next census reports those that grew, and what they hold. numpy arrays and bytes are not
 # tracked by the garbage collector, so no count by type sees them; the cache or list that
 # keeps them is.
-MAX_CONTAINERS = 512
+MAX_CONTAINERS = 16_384  # a TF worker has ~10k of MIN_CONTAINER items or more
 MIN_CONTAINER = 8  # items; smaller ones are not ranked (most of a TF worker's ~60k)
+# Following the handler to the containers it keeps (see reachable_containers).
+REACH_DEPTH = 4
+REACH_LIMIT = 20_000
+REACH_FANOUT = 1000
 CONTAINER_TYPES = frozenset({dict, list, set, collections.deque, collections.OrderedDict,
                              collections.defaultdict})
 # Objects counted per census; past this the census counts an even stride of them and
@@ -141,6 +147,7 @@ class ProbeRecorder:
         self.sources = sources or Sources.process()
         self.shapes = ShapeTable()
         self.census = Census()
+        self.roots: list[Any] = []  # the handler, whose containers a census follows
         self.cost = 0.0  # seconds, all probes
         self.batch_cost = 0.0  # of which around batches (the rest: samples and censuses)
         self.latest = Probes()
@@ -170,6 +177,10 @@ class ProbeRecorder:
         what the counting took in those that were. The common case, a known signature, is
         written out here rather than through ShapeTable.record: it runs on every batch."""
         inner = runner.call
+        self.roots = _roots(inner)
+        # The census baseline is taken afresh, from the handler too (at the next sample):
+        # what it reaches would otherwise all look new, grown since the baseline.
+        self.census = Census()
         clock, rss, shapes = self.sources.clock, self.sources.rss, self.shapes
         entries = shapes.entries
 
@@ -265,7 +276,7 @@ class ProbeRecorder:
         growing = rss is not None and self._sampled_rss is not None and \
             rss - self._sampled_rss >= GROWING_BYTES
         if self.census.due(now, blocks, growing):
-            self.census.take(now, blocks, sources.objects, clock, jobs)
+            self.census.take(now, blocks, sources.objects, clock, jobs, self.roots)
         self._next_sample = now + max(self.interval, sampled / BUDGET)
         self._next_check = now + self.interval
         self._sampled_rss = rss
@@ -281,6 +292,17 @@ class ProbeRecorder:
 
 
 # --- input signatures --------------------------------------------------------------------------
+
+def _roots(call: Any) -> list[Any]:
+    """Where a census starts looking for what the handler keeps: the handler (a callable
+    object, or a bound method's object, or a function with its globals and closure) and
+    its module."""
+    handler = getattr(call, "__self__", call)
+    module = sys.modules.get(getattr(type(handler), "__module__", "") or "")
+    if isinstance(handler, types.FunctionType):
+        module = sys.modules.get(handler.__module__)
+    return [r for r in (handler, module) if r is not None and r is not builtins]
+
 
 def signature_key(inputs: Mapping[str, Any]) -> Key:
     """A hashable key of the batch's names, dtypes and shapes, by name (measured 0.35 µs
@@ -449,11 +471,12 @@ class Census:
             (growing or blocks - self.blocks >= CENSUS_BLOCKS)
 
     def take(self, now: float, blocks: int | None, objects: Callable[[], list[Any]],
-             clock: Callable[[], float], jobs: int | None = None) -> None:
+             clock: Callable[[], float], jobs: int | None = None,
+             roots: Sequence[Any] = ()) -> None:
         start = clock()
         live = objects()
         counts = count_types(live)
-        sizes, holding = largest_containers(live, self.sizes or {})
+        sizes, holding = largest_containers(live, self.sizes or {}, roots)
         del live
         self.took = clock() - start
         if self.counts is not None:
@@ -480,29 +503,65 @@ def count_types(objects: list[Any]) -> dict[str, int]:
     return dict(named.most_common(MAX_TYPES))
 
 
-def largest_containers(objects: list[Any], before: dict[int, int],
+def largest_containers(objects: list[Any], before: dict[int, int], roots: Sequence[Any] = (),
                        ) -> tuple[dict[int, int], tuple[tuple[str, int], ...]]:
     """The MAX_CONTAINERS largest containers' lengths by id, and those of them that grew
     since ``before`` (the last census's), described by what they hold: "dict of
-    numpy.ndarray", with the growth. A container not among the largest last time grew
-    from the smallest length kept then (a lower bound: it was not larger)."""
-    # Iterated in C (compress, map, zip, nlargest on tuples): a TF worker holds ~60k
-    # containers among ~320k objects, and a Python loop over them costs a census 40 ms.
+    numpy.ndarray", with the growth. A container not kept last time grew from just under
+    MIN_CONTAINER (or, if the table was full, from the smallest length kept): a lower bound.
+    ``roots``: where to look for containers the garbage collector does not list."""
+    # Iterated in C where it can be (compress, map, zip): a TF worker holds ~60k
+    # containers among ~320k objects (~10k of MIN_CONTAINER items or more), and a Python
+    # loop over them costs a census 40 ms or more.
     found = list(itertools.compress(objects, map(CONTAINER_TYPES.__contains__,
                                                  map(type, objects))))
     found = list(itertools.compress(found, map(MIN_CONTAINER.__le__, map(len, found))))
-    top = heapq.nlargest(MAX_CONTAINERS, zip(map(len, found), map(id, found),
-                                             range(len(found)), strict=True))
-    sized = [(n, ident, found[i]) for n, ident, i in top]
-    del found
-    floor = min(before.values(), default=0)
-    growth = [(n - before.get(ident, floor), o) for n, ident, o in sized]
-    grew = heapq.nlargest(MAX_NAMES, ((d, o) for d, o in growth if d > 0),
-                          key=lambda item: item[0])
+    if roots:
+        found += [c for c in reachable_containers(roots, set(map(id, found)))
+                  if len(c) >= MIN_CONTAINER]
+    if len(found) > MAX_CONTAINERS:
+        found = heapq.nlargest(MAX_CONTAINERS, found, key=len)
+    lengths, ids = list(map(len, found)), list(map(id, found))
+    # Not kept last time: below MIN_CONTAINER items then, unless the table was full.
+    floor = min(before.values()) if len(before) >= MAX_CONTAINERS else MIN_CONTAINER - 1
+    known = before.get
+    deltas = [n - known(ident, floor) for n, ident in zip(lengths, ids, strict=True)]
+    grew = [(d, found[i]) for d, i in heapq.nlargest(MAX_NAMES, zip(deltas, itertools.count()))
+            if d > 0]
+    sizes = dict(zip(ids, lengths, strict=True))
+    del found, deltas
     holding = tuple((f"{type_name(type(o))} of {held_type(o)}"[:MAX_NAME], d) for d, o in grew)
-    sizes = {ident: n for n, ident, _ in sized}
-    del sized, growth, grew
+    del grew
     return sizes, holding
+
+
+def reachable_containers(roots: Sequence[Any], known: set[int]) -> list[Any]:
+    """Containers the garbage collector does not list, found from the handler: CPython
+    untracks a dict whose keys and values are all atomic or untracked (a cache of numpy
+    arrays by bytes), so gc.get_objects() never yields it. Followed from the handler (its
+    attributes, a function's globals and closure) for REACH_DEPTH steps and REACH_LIMIT
+    objects at most, not into modules other than the handler's, nor into containers larger
+    than REACH_FANOUT (their length is what counts)."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    frontier = list(roots)
+    for _ in range(REACH_DEPTH):
+        step: list[Any] = []
+        for obj in frontier:
+            if id(obj) in seen or len(seen) >= REACH_LIMIT:
+                continue
+            seen.add(id(obj))
+            kind = type(obj)
+            if kind in CONTAINER_TYPES:
+                if id(obj) not in known:
+                    out.append(obj)
+                if len(obj) > REACH_FANOUT:
+                    continue
+            elif kind is types.ModuleType and not any(obj is r for r in roots):
+                continue
+            step.extend(gc.get_referents(obj))
+        frontier = step
+    return out
 
 
 def held_type(container: Any) -> str:
