@@ -248,24 +248,28 @@ def test_census_waits_for_growth_and_a_minute_and_reports_what_grew(fake: Fake) 
 
     fake.objects = [{} for _ in range(10)] + [[] for _ in range(5)]
     recorder = ProbeRecorder(1.0, 0.0, fake.sources())
-    assert fake.readings["objects"] == 1  # the baseline, at start
+    recorder.between(600.0)
+    assert "objects" not in fake.readings  # nothing grew: no census at all, not even one
+    fake.blocks += CENSUS_BLOCKS
+    recorder.between(601.0)
+    assert fake.readings["objects"] == 1  # the baseline, once Python's heap grew
     fake.objects += [Leaked() for _ in range(300)] + [{} for _ in range(100)]
     fake.blocks += CENSUS_BLOCKS
-    recorder.between(CENSUS_INTERVAL / 2)
-    assert fake.readings["functions"] == 2 and fake.readings["objects"] == 1  # too soon
+    recorder.between(601.0 + CENSUS_INTERVAL / 2)
+    assert fake.readings["objects"] == 1  # too soon
     fake.blocks -= 1
-    recorder.between(CENSUS_INTERVAL + 1)
-    assert fake.readings["functions"] == 3 and fake.readings["objects"] == 1  # too little
+    recorder.between(602.0 + CENSUS_INTERVAL)
+    assert fake.readings["objects"] == 1  # too little
     fake.blocks += 1
-    recorder.between(CENSUS_INTERVAL + 2)
+    recorder.between(603.0 + CENSUS_INTERVAL)
     assert fake.readings["objects"] == 2
     name = f"{__name__}.test_census_waits_for_growth_and_a_minute_and_reports_what_grew." \
            "<locals>.Leaked"
     assert recorder.latest.census == ((name, 300), ("dict", 100))
     fake.blocks += 10 * CENSUS_BLOCKS
-    recorder.between(CENSUS_INTERVAL + 30)
-    assert fake.readings["objects"] == 2  # a minute since the last one, not since start
-    recorder.between(2 * CENSUS_INTERVAL + 2)
+    recorder.between(603.0 + CENSUS_INTERVAL + 30)
+    assert fake.readings["objects"] == 2  # a minute since the last one
+    recorder.between(604.0 + 2 * CENSUS_INTERVAL)
     assert fake.readings["objects"] == 3
     assert recorder.latest.census == ()  # nothing grew since
 
@@ -279,7 +283,6 @@ def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
     cache: dict[int, np.ndarray] = {}
     fake.objects = [cache, [], {"a": 1}]
     recorder = ProbeRecorder(1.0, 0.0, fake.sources())
-    assert fake.readings["objects"] == 1  # the baseline, before the first job
 
     def serve(until: int, now: float) -> None:
         for i in range(len(cache), until):
@@ -288,18 +291,33 @@ def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
         fake.blocks += 10  # far under CENSUS_BLOCKS
         recorder.between(now, until)
 
-    serve(300, GROWING_CENSUS_INTERVAL / 2)
+    serve(10, 1.0)
+    assert fake.readings["objects"] == 1  # the baseline, as soon as RSS grew
+    serve(300, 1.0 + GROWING_CENSUS_INTERVAL / 2)
     assert fake.readings["objects"] == 1  # not yet
-    serve(650, GROWING_CENSUS_INTERVAL)
+    serve(650, 1.0 + GROWING_CENSUS_INTERVAL)
     assert fake.readings["objects"] == 2
-    # empty at the baseline, so not kept: grown from under MIN_CONTAINER, a lower bound
-    assert recorder.latest.containers == (("dict of numpy.ndarray", 650 - MIN_CONTAINER + 1),)
-    assert recorder.latest.census_jobs == 650
-    serve(900, 2 * GROWING_CENSUS_INTERVAL)  # still growing: the early one was the one
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 640),)
+    assert recorder.latest.census_jobs == 640
+    serve(900, 1.0 + 2 * GROWING_CENSUS_INTERVAL)  # still growing: the early one was the one
     assert fake.readings["objects"] == 2
-    serve(2000, GROWING_CENSUS_INTERVAL + CENSUS_INTERVAL)
+    serve(2000, 1.0 + GROWING_CENSUS_INTERVAL + CENSUS_INTERVAL)
     assert fake.readings["objects"] == 3
     assert recorder.latest.containers == (("dict of numpy.ndarray", 1350),)
+
+
+def test_a_container_unknown_at_the_last_census_grew_from_under_the_smallest_kept(
+        fake: Fake) -> None:
+    cache: dict[int, np.ndarray] = {}
+    fake.objects = [cache]
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0, 2)  # the baseline: the cache is empty, under MIN_CONTAINER
+    for i in range(650):
+        cache[i] = np.zeros(4)
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0 + GROWING_CENSUS_INTERVAL, 652)
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 650 - MIN_CONTAINER + 1),)
 
 
 class CachingHandler:
@@ -324,20 +342,22 @@ def test_a_cache_the_garbage_collector_does_not_track_is_found_from_the_handler(
     runner = recorder.wrap(Runner(handler, None, None))
     for _ in range(10):
         runner(x(1))
-    recorder.between(1.0, 10)  # the first sample since wrapping: the census baseline
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0, 10)  # the census baseline, from the handler too
     for _ in range(500):
         runner(x(1))
     assert not gc.is_tracked(handler.cache)
     fake.rss += 20 * GROWING_BYTES
     recorder.between(1.0 + GROWING_CENSUS_INTERVAL, 510)
-    # the baseline was taken at the first sample after wrapping, from the handler too
-    assert fake.readings["objects"] == 3
+    assert fake.readings["objects"] == 2
     assert recorder.latest.containers == (("dict of bytes", 500),)
 
 
 def test_a_census_that_stalls_serving_is_the_last(fake: Fake) -> None:
     fake.census_cost = MAX_CENSUS_SECONDS * 2
     recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    fake.blocks += CENSUS_BLOCKS
+    recorder.between(1.0)
     assert recorder.census.stopped
     fake.blocks += 100 * CENSUS_BLOCKS
     for hour in range(1, 5):

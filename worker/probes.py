@@ -69,7 +69,8 @@ GROWING_BYTES = 1024**2
 MAX_SKIP = 10_000
 # A census runs when Python's allocated blocks grew by this many since the last one (~0.5 to
 # 10 MB of small objects), or when RSS grows (see GROWING_BYTES) whatever the blocks did;
-# at most once per CENSUS_INTERVAL seconds. One exception: the first census compared with
+# at most once per CENSUS_INTERVAL seconds. The first one, the baseline, too: a worker that
+# grows neither way is never censused. One exception: the first census compared with
 # the baseline, in a worker whose RSS grows, comes as soon as GROWING_CENSUS_INTERVAL and
 # GROWING_BUDGET allow: a fast leak is recycled within seconds, and a census is what tells
 # a buffer kept by Python (a numpy array in a cache) from a native leak. So a leaking
@@ -457,13 +458,18 @@ class Census:
     containers: tuple[tuple[str, int], ...] = ()  # the containers that grew most, by length
     between_jobs: int | None = None  # jobs between the last two censuses
     compared: bool = False  # a census has been compared with an earlier one
+    start_blocks: int | None = None  # py_blocks when first asked, before any census
     took: float = 0.0  # seconds the last census took
 
     def due(self, now: float, blocks: int | None, growing: bool = False) -> bool:
         if self.stopped or blocks is None:
             return False
         if self.counts is None:
-            return True  # the first census is the baseline the next one is compared with
+            # The baseline the next census is compared with, once there is something to
+            # look for: a worker that never grows never pays for a census.
+            if self.start_blocks is None:
+                self.start_blocks = blocks
+            return growing or blocks - self.start_blocks >= CENSUS_BLOCKS
         early = growing and not self.compared
         spacing = max(GROWING_CENSUS_INTERVAL, self.took / GROWING_BUDGET) if early \
             else max(CENSUS_INTERVAL, self.took / BUDGET)
