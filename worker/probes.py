@@ -6,8 +6,10 @@ read this process's RSS before and after the batch, crediting any growth to the 
 (every batch of a new signature, the others as the budget allows); between batches (never
 per job) it samples the rest at most once per heartbeat interval: functions
 in TensorFlow's eager context (one more per trace), Python's allocated blocks, the native
-heap (glibc mallinfo2) and TF's allocators; when Python's blocks have grown, at most once a
-minute, a census of live objects by type. Each sample ends in a new immutable
+heap (glibc mallinfo2) and TF's allocators; when Python's blocks or RSS have grown, at most
+once a minute, a census: live objects by type, and the containers that grew with what they
+hold (found from the garbage collector's list and from the handler, which leads to the ones
+it does not track). Each sample ends in a new immutable
 :class:`~supervisor.probes.Probes` the heartbeat thread sends as it is.
 
 Counting a batch's signature is the one fixed cost (~1 µs a batch; several µs in a TF
@@ -79,10 +81,10 @@ CENSUS_BLOCKS = 20_000
 CENSUS_INTERVAL = 60.0
 GROWING_CENSUS_INTERVAL = 2.0
 GROWING_BUDGET = 0.05
-# Containers (dict, list, set, deque) a census remembers, the largest, by id and length: the
-# next census reports those that grew, and what they hold. numpy arrays and bytes are not
-# tracked by the garbage collector, so no count by type sees them; the cache or list that
-# keeps them is.
+# Containers (dict, list, set, deque) a census remembers by id and length, the largest if
+# there are more: the next census reports those that grew, and what they hold. numpy
+# arrays and bytes are not tracked by the garbage collector, so no count by type sees them;
+# the cache or list that keeps them is.
 MAX_CONTAINERS = 16_384  # a TF worker has ~10k of MIN_CONTAINER items or more
 MIN_CONTAINER = 8  # items; smaller ones are not ranked (most of a TF worker's ~60k)
 # Following the handler to the containers it keeps (see reachable_containers).
@@ -95,7 +97,7 @@ CONTAINER_TYPES = frozenset({dict, list, set, collections.deque, collections.Ord
 # scales up (a leak of millions of objects still shows which types they are).
 CENSUS_SAMPLE = 200_000
 # A census that took longer than this is the last one: it stops the serving thread (measured:
-# 75 ms for the 324k objects of a TF 2.21 worker serving a SavedModel, 2 cores).
+# ~110 ms, types and containers, for the 324k objects of a TF 2.21 worker, 2 cores).
 MAX_CENSUS_SECONDS = 0.5
 # Type names kept from one census to compare with the next (the most numerous ones).
 MAX_TYPES = 4096
