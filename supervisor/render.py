@@ -117,9 +117,12 @@ def _explain_worker(w: dict[str, Any]) -> list[str]:
              ("vram", "VRAM", True)]
     figures = [f"{label} {(_signed if size else _count)(t[f'{k}_per_1k_jobs'])}"
                for k, label, size in names if f"{k}_per_1k_jobs" in t]
-    out.append(f"per 1k jobs over the last {t['window_samples']} samples "
-               f"({t['window_jobs']:,} jobs): {', '.join(figures)}" if figures else
-               f"trends: not enough samples after warm-up yet ({t['window_samples']})")
+    if figures and not t["window_jobs"]:  # idle: a slope per 1k jobs means nothing
+        out.append(f"trends: no jobs over the last {t['window_samples']} samples")
+    else:
+        out.append(f"per 1k jobs over the last {t['window_samples']} samples "
+                   f"({t['window_jobs']:,} jobs): {', '.join(figures)}" if figures else
+                   f"trends: not enough samples after warm-up yet ({t['window_samples']})")
     probes = w.get("probes") or {}
     if probes.get("traced"):
         out.append("traced most: " + ", ".join(f"{n} x{c:,}" for n, c in probes["traced"]))

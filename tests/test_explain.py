@@ -96,3 +96,17 @@ def test_a_flat_worker_has_no_suspected_cause_in_explain() -> None:
     report = explain(w, "a")["result"]
     assert report["workers"][0]["diagnosis"] is None
     assert "no suspected cause" in render_explain(report)
+
+
+def test_an_idle_worker_has_no_per_job_trend_in_explain() -> None:
+    w = World(CONFIG)
+    w.memory["a-1"] = 600 * MB
+    w.ready("a-1")
+    grow(w, 5)
+    for _ in range(30):  # the load stops; heartbeats and polls go on
+        heartbeat(w, "a-1", Probes(graphs=12, py_blocks=300_000, jobs=50))
+        w.tick(1.0)
+        w.poll()
+    text = render_explain(explain(w, "a")["result"])
+    assert "trends: no jobs over the last 20 samples" in text, text
+    assert "per 1k jobs" not in text
