@@ -30,7 +30,7 @@ from supervisor.policy import (
     theil_sen,
     warmed_up,
 )
-from supervisor.probes import Probes
+from supervisor.probes import KERAS_PREDICT_REMEDY, KERAS_STEPS, Probes
 from supervisor.reasons import Reason
 from supervisor.units import format_size as _size
 
@@ -67,9 +67,6 @@ MIN_COUNTER_READINGS = 2
 # Suspected before any recycle: a trend confidently above this fraction of its limit.
 SUSPECT_FRACTION = 0.25
 
-# Names of the step functions Keras traces for model.predict()/evaluate(): Keras 3
-# ("one_step_on_data_distributed"), tf.keras 2 ("predict_function").
-KERAS_STEPS = ("one_step_on_data", "multi_step_on_data", "predict_function", "test_function")
 
 _VRAM = frozenset({Reason.MAX_VRAM, Reason.VRAM_GROWTH_PER_1K_JOBS})
 
@@ -341,9 +338,8 @@ def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:
               "functools.lru_cache needs a maxsize")
     if latest and any(name.startswith(KERAS_STEPS) for name, _ in latest.traced):
         remedy = ("Keras model.predict() runs per request (its step function is traced "
-                  "here) and leaves objects behind: call the model as model(x, "
-                  "training=False) inside one tf.function with an input_signature instead; "
-                  "otherwise " + remedy)
+                  f"here) and leaves objects behind: {KERAS_PREDICT_REMEDY}; otherwise "
+                  + remedy)
     elif latest and any(_graph_type(name) for name, _ in latest.census[:3]):
         remedy = ("TensorFlow objects accumulate per request: something builds graphs, ops "
                   "or functions per call (a tf.function or Keras layer created per request, "

@@ -22,6 +22,12 @@ MAX_NAME = 200
 MAX_COUNT = 2**53
 # Seconds above this are not a worker's probe cost (30 000 years).
 MAX_SECONDS = 1e12
+# Names of the step functions Keras traces for model.predict()/evaluate(): Keras 3
+# ("one_step_on_data_distributed"), tf.keras 2 ("predict_function"). Traced in a worker,
+# they mean Keras's own predict loop runs there, per request.
+KERAS_STEPS = ("one_step_on_data", "multi_step_on_data", "predict_function", "test_function")
+KERAS_PREDICT_REMEDY = ("call the model as model(x, training=False) inside one tf.function "
+                        "with an input_signature instead")
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,16 @@ def named_right(cases: list[Case], found: dict[str, dict[str, Any]]) -> None:
 @pytest.mark.timeout(600)
 def test_tensorflow_causes_named(supervisor_factory: Any, sequence_model: Path) -> None:
     cases = tensorflow_cases(sequence_model)
-    found, _, failures = run(supervisor_factory(config(cases)), cases)
+    sup = supervisor_factory(config(cases))
+    found, _, failures = run(sup, cases)
     assert failures == []
     named_right(cases, found)
     assert "model.predict()" in found["keras"]["remedy"]
+    # ... and the worker said so at load, before any job (its own event, passed through)
+    warned = [json.loads(line) for line in sup.log().splitlines()
+              if '"keras_predict_per_request"' in line]
+    assert warned and {w["model"] for w in warned} == {"keras"}, warned
+    assert "training=False" in warned[0]["remedy"]
     assert found["scalar"]["evidence"]["traced"]["forward"] > 3, found["scalar"]
     assert found["lengths"]["evidence"]["graphs_added"] == 0, found["lengths"]
 

@@ -21,6 +21,7 @@ from zmq.backend import zmq_poll
 
 from supervisor import logs
 from supervisor.exitcodes import WorkerExit
+from supervisor.probes import KERAS_PREDICT_REMEDY
 from supervisor.protocol import (
     ERROR,
     INTERNAL_HOP,
@@ -40,7 +41,7 @@ from supervisor.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
-from worker.probes import ProbeRecorder
+from worker.probes import ProbeRecorder, keras_loop_traced
 from worker.runners import LoadError, Runner, load, warmup_inputs
 
 PR_SET_PDEATHSIG = 1
@@ -139,7 +140,19 @@ def boot(spec: WorkerSpec) -> Runner:
         if runner.outputs is None:
             runner.outputs = [TensorSpec(n, wire_dtype(a), (None, *a.shape[1:]))
                               for n, a in outputs.items()]
+        warn_keras_loop()
     return runner
+
+
+def warn_keras_loop() -> None:
+    """Keras's predict loop traced by the warm-up call: the handler calls model.predict()
+    per request, ~4x slower than calling the model and a known source of growth."""
+    step = keras_loop_traced()
+    if step is not None:
+        log.warning("keras_predict_per_request", traced=step,
+                    detail="the handler runs Keras's model.predict() loop on every request: "
+                    "it builds per-call machinery and grows the worker",
+                    remedy=KERAS_PREDICT_REMEDY)
 
 
 def report_load_error(spec: WorkerSpec, message: str) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from supervisor import logs
-from supervisor.probes import MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
+from supervisor.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
 from worker.runners import Runner
 
 # Input signatures kept with their batches and growth; more are counted, not kept.
@@ -415,6 +415,15 @@ def python_name(function: str) -> str:
     name = function[len(TRACED_PREFIX):]
     stem, _, uid = name.rpartition("_")
     return stem if stem and uid.isdigit() else name
+
+
+def keras_loop_traced() -> str | None:
+    """The Keras predict/evaluate step traced in this process (Keras's own loop runs here:
+    model.predict() per request), or None."""
+    for name in tf_function_names() or ():
+        if name.startswith(TRACED_PREFIX) and python_name(name).startswith(KERAS_STEPS):
+            return python_name(name)
+    return None
 
 
 def tf_function_names() -> Any:
