@@ -50,6 +50,7 @@ from supervisor.protocol import (
     TensorSpec,
     decode,
     error_message,
+    frame_length,
     parse_specs,
     signed_by,
     split_envelope,
@@ -462,10 +463,6 @@ def _specs(raw: object) -> list[TensorSpec] | None:
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
     return None if specs is None else [s.to_wire() for s in specs]
-
-
-def frame_length(frame: Frame) -> int:
-    return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
 
 
 def frame_bytes(frame: Frame) -> bytes:

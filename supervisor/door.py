@@ -16,10 +16,9 @@ always checked in full (their frames' contents are checked, not only their lengt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import zmq
 
 from supervisor.protocol import (
     ITEMSIZE,
@@ -28,6 +27,7 @@ from supervisor.protocol import (
     check_frames,
     check_specs,
     concrete_shape,
+    frame_length,
     parse_specs,
 )
 
@@ -76,7 +76,7 @@ def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> b
         return False
     if max_elements is not None and known.elements > max_elements:
         return False
-    return all(_length(f) == n for f, n in zip(frames, known.lengths, strict=True))
+    return all(frame_length(f) == n for f, n in zip(frames, known.lengths, strict=True))
 
 
 def spec_key(raw: object) -> Key | None:
@@ -96,11 +96,4 @@ def spec_key(raw: object) -> Key | None:
 
 
 def _elements(spec: TensorSpec) -> int:
-    n = 1
-    for d in concrete_shape(spec):
-        n *= d
-    return n
-
-
-def _length(frame: Frame) -> int:
-    return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+    return math.prod(concrete_shape(spec))

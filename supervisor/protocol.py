@@ -243,12 +243,12 @@ def split_envelope(frames: Sequence[Frame]) -> tuple[list[Frame], list[Frame]]:
     DEALER peers send the message directly; REQ peers put an empty delimiter frame first,
     which is kept in the envelope so the reply reaches them.
     """
-    if len(frames) >= 2 and _length(frames[1]) == 0:
+    if len(frames) >= 2 and frame_length(frames[1]) == 0:
         return list(frames[:2]), list(frames[2:])
     return list(frames[:1]), list(frames[1:])
 
 
-def _length(frame: Frame) -> int:
+def frame_length(frame: Frame) -> int:
     return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
 
 
@@ -328,7 +328,7 @@ def check_frames(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
         if itemsize is None:  # a spec made in code, not by from_wire
             raise ProtocolError(f"array '{spec.name}': dtype {_show(spec.dtype)} cannot travel")
         expected = math.prod(concrete_shape(spec)) * itemsize
-        if (length := _length(frame)) != expected:
+        if (length := frame_length(frame)) != expected:
             raise ProtocolError(f"array '{spec.name}': {length} bytes do not match "
                                 f"{spec.dtype} shape {list(spec.shape)} ({expected} bytes)")
 
