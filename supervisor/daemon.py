@@ -93,7 +93,7 @@ class SignalInbox:
             except BlockingIOError:
                 pass
         if not self.pending:
-            return self.pending
+            return []  # never the live list: a handler may append while the caller iterates
         taken, self.pending = self.pending, []
         return taken
 
