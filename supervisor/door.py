@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from supervisor.protocol import (
     ITEMSIZE,
+    MAX_NDIM,
     Frame,
     TensorSpec,
     check_frames,
@@ -89,7 +90,7 @@ def spec_key(raw: object) -> Key | None:
             return None
         name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
         if type(name) is not str or type(dtype) is not str or type(shape) is not list \
-                or not all(type(d) is int for d in shape):
+                or len(shape) > MAX_NDIM or not all(type(d) is int for d in shape):
             return None
         key.append((name, dtype, tuple(shape)))
     return tuple(key)
