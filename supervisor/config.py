@@ -73,6 +73,11 @@ class PolicyConfig:
     trend_horizon: float = setting(
         Duration(), 86400.0,
         "Growth projected to stay under max_memory for this long is not acted on.")
+    trend_lead: float = setting(
+        Float(0.0, 100.0), 3.0, "With max_memory set, a growth trend recycles only once the "
+        "projected time to max_memory is under this many times the worker's own start-up (plus the "
+        "confirmations' polls): a worker lives as long as it safely can. 0: act as soon as "
+        "the trend is confirmed (within trend_horizon).")
     max_vram: int | None = setting(
         Optional(Size()), None, "Soft GPU memory limit (NVML, per process).")
     max_vram_growth_per_1k_jobs: int | None = setting(

@@ -320,8 +320,8 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
                 "glibc keeps freed memory in per-thread arenas: set MALLOC_ARENA_MAX=2 (or "
                 "use jemalloc/tcmalloc via LD_PRELOAD) in the model's env")
     return ("unknown: the probes do not explain the growth",
-            "run `tfsupervisor explain` for the probes' trends; set max_memory so the "
-            "worker is recycled before it matters")
+            "run `tfsupervisor explain` for the probes' trends; max_memory bounds the "
+            "growth meanwhile")
 
 
 def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:

@@ -9,15 +9,21 @@ No clocks, no I/O: the time is passed in. How a trend is judged (docs/policy.md)
   over the limit too. A step (flat, jump, flat) has two flat halves; a warm-up ramp that
   levels off has a flat second half; a steady leak has two steep halves.
 - Growth that is decaying (second half slower than the first) is projected as a geometric
-  series; if it levels off under ``max_memory``, it is not a leak.
-- With ``max_memory`` set, growth that would not reach it within ``trend_horizon`` is not
-  acted on.
+  series; if it levels off under ``max_memory``, it is not a leak. Without ``max_memory``
+  there is no ceiling to project to, but a series that converges is not a leak at any growth
+  limit: growth whose second half is at most DECAYING of its first is left alone (a warm-up
+  ramp that levels off after "ready", such as Keras ``predict()``'s).
+- With ``max_memory`` set, the worker lives as long as it safely can: a trend is acted on
+  only when the projected time to ``max_memory`` is under the lead its replacement needs
+  (``trend_lead`` times the worker's own measured start-up, plus the confirmations' polls),
+  and never for growth that would not reach it within ``trend_horizon``.
 - The condition must hold on ``trend_confirmations`` evaluations in a row (the caller keeps
   the streak and passes it back in).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +39,12 @@ from supervisor.reasons import Reason
 MIN_TREND_SAMPLES = 6
 # How many standard errors a slope must clear its limit by: noise alone must not recycle.
 CONFIDENCE_Z = 4.0
+# Without max_memory, growth whose second half is at most this fraction of its first is a
+# converging series, not a leak. A steady leak's halves agree to within noise (the halves'
+# ratio of a leak 4 standard errors over its limit stays above ~0.7), so halving within one
+# half-window is decay, not chance; a leak that only pauses shows steep halves again as the
+# window moves on, and is recycled then.
+DECAYING = 0.5
 
 
 class Action(Enum):
@@ -85,11 +97,14 @@ class Assessment:
     growth_per_hour: float | None = None  # bytes
     vram_growth_per_1k_jobs: float | None = None
     seconds_to_limit: float | None = None  # at the current time slope, to max_memory
+    # How close to max_memory a trend may let the worker come (trend_lead x its start-up
+    # plus the confirmations' polls): a trend recycle waits until seconds_to_limit is under it.
+    lead_seconds: float | None = None
 
     def fields(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if v is not None}
         for key in ("growth_per_1k_jobs", "growth_per_hour", "vram_growth_per_1k_jobs",
-                    "seconds_to_limit"):
+                    "seconds_to_limit", "lead_seconds"):
             if key in out:
                 out[key] = round(out[key], 1)
         return out
@@ -138,10 +153,13 @@ def warmed_up(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfi
 
 
 def levels_off_below(slope: Slope, current: float, limit: int | None) -> bool:
-    """Decaying growth whose geometric tail stays under ``limit`` is not a leak."""
-    if limit is None or slope.second_half >= slope.first_half or slope.first_half <= 0:
+    """Decaying growth whose geometric tail stays under ``limit`` is not a leak; with no
+    limit, growth decaying by at least DECAYING per half-window converges: not a leak."""
+    if slope.second_half >= slope.first_half or slope.first_half <= 0:
         return False
     ratio = max(0.0, slope.second_half / slope.first_half)
+    if limit is None:
+        return ratio <= DECAYING
     half_span = slope.span / 2
     remaining = slope.second_half * half_span * ratio / (1 - ratio)
     return current + remaining < limit
@@ -169,6 +187,7 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     if last is not None and policy.max_memory is not None and per_second is not None \
             and per_second.value > 0:
         seconds_to_limit = max(0.0, (policy.max_memory - last.memory) / per_second.value)
+    lead = lead_seconds(window, facts, policy) if policy.max_memory is not None else None
     assessment = Assessment(
         memory=last.memory if last else None,
         vram=last.vram if last else None,
@@ -180,8 +199,23 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         growth_per_hour=per_second.value * 3600 if per_second else None,
         vram_growth_per_1k_jobs=vram_per_job.value * 1000 if vram_per_job else None,
         seconds_to_limit=seconds_to_limit,
+        lead_seconds=lead,
     )
     return assessment, per_job, per_second, vram_per_job
+
+
+def lead_seconds(window: Sequence[Sample], facts: WorkerFacts,
+                 policy: PolicyConfig) -> float | None:
+    """How long before max_memory a trend recycle must start: ``trend_lead`` times what this
+    worker took from spawn to ready (its replacement needs as much, on a busier machine),
+    plus the polls the confirmations take. None: no lead (``trend_lead`` 0, or the start-up
+    is not known), and the horizon alone decides."""
+    if policy.trend_lead <= 0 or facts.ready_at is None:
+        return None
+    startup = max(0.0, facts.ready_at - facts.started_at)
+    gaps = [b.t - a.t for a, b in itertools.pairwise(window) if b.t > a.t]
+    poll = float(np.median(gaps)) if gaps else 0.0
+    return policy.trend_lead * startup + policy.trend_confirmations * poll
 
 
 def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig,
@@ -241,11 +275,15 @@ def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
 
 def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
            vram_per_job: Slope | None, policy: PolicyConfig) -> tuple[Reason, str] | None:
-    """A confident growth trend over a limit, that will matter within the horizon."""
+    """A confident growth trend over a limit, that will matter within the horizon (and,
+    with a lead, soon enough that waiting longer would let the worker reach max_memory)."""
     if a.memory is None:
         return None
-    if a.seconds_to_limit is not None and a.seconds_to_limit > policy.trend_horizon:
-        return None  # it may grow, but it will not reach max_memory in time to matter
+    if a.seconds_to_limit is not None:
+        if a.seconds_to_limit > policy.trend_horizon:
+            return None  # it may grow, but it will not reach max_memory in time to matter
+        if a.lead_seconds is not None and a.seconds_to_limit > a.lead_seconds:
+            return None  # it can serve on: its replacement needs less time than it has left
     checks = [
         (Reason.GROWTH_PER_1K_JOBS, per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
          policy.max_memory),

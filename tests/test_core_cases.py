@@ -19,6 +19,7 @@ from supervisor.exitcodes import WorkerExit
 from supervisor.history import Reading
 from supervisor.pool import State
 from supervisor.protocol import (
+    HEARTBEAT,
     READY,
     RESULT,
     Message,
@@ -122,6 +123,12 @@ class World:
         self.core.next_poll = 0.0
         targets = self.core.poll_due(self.now) or []
         self.core.samples(self.now, {w: Reading(self.memory[w]) for w, _, _ in targets})
+        self.run()
+
+    def heartbeat(self, worker_id: str) -> None:
+        header = {"worker": worker_id, "jobs": 0, "tf_memory": None}
+        self.core.worker_message(b"hb-socket", encode(signed(Message(HEARTBEAT, b"", header),
+                                                             secret(worker_id))), self.now)
         self.run()
 
     def code(self, key: bytes) -> str:
@@ -364,3 +371,26 @@ def test_a_job_that_crashed_its_worker_alone_runs_alone_after() -> None:
     while world.batches.get("a-2"):
         world.answer("a-2")
     assert all(world.code(k) == "ok" for k in [crash, *keys])
+
+
+def test_a_trend_with_max_memory_waits_until_the_replacement_needs_the_time_left() -> None:
+    # The worker takes 10 s to start; it grows 1 MB/s (3.6 GB/h, over max_growth_per_hour)
+    # towards a max_memory 200 MB away. With trend_lead 3 the trend recycles it once under
+    # 3 x 10 s + 2 polls are left, not at its first confirmed trend ~170 s before the limit.
+    world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, max_growth_per_hour: 1GiB, "
+                               "max_growth_per_1k_jobs: null, trend_window: 20, "
+                               "trend_confirmations: 2, max_memory: 200000000"))
+    world.tick(10.0)
+    world.ready("a-1")
+    start = world.now
+    while not world.core.pool.models["a"].recycles and world.now < start + 300:
+        world.tick(1.0)
+        world.heartbeat("a-1")
+        world.memory["a-1"] = 100 + int(1_000_000 * (world.now - start))
+        world.poll()
+    assert dict(world.core.pool.models["a"].recycles) == {"growth_per_hour": 1}
+    left = (200_000_000 - world.memory["a-1"]) / 1_000_000
+    assert 0 < left <= 3 * 10.0 + 2 * 1.0, left
+    world.tick()
+    assert "a-2" in world.memory  # its replacement is on its way, with the time it needs
+    assert world.state("a-1") is State.READY  # and it serves until that one is ready

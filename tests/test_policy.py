@@ -235,3 +235,85 @@ def test_steady_leaks_well_over_the_limit_are_caught(mb_per_1k: float, noise_fra
     per_sample = mb_per_1k * MB * JOBS_PER_SAMPLE / 1000
     samples = series(lambda i: BASE + per_sample * i, noise=per_sample * noise_fraction, seed=seed)
     assert decide(samples) == (Action.RECYCLE, "growth_per_1k_jobs")
+
+
+# --- decaying growth without max_memory, and the lead to max_memory -------------------------
+
+def walk(samples: list[Sample], policy: PolicyConfig, facts: WorkerFacts) -> list[
+        tuple[float, Action, float | None]]:
+    """Evaluate at every poll as the monitor does, carrying the streak: (time, action,
+    seconds to the limit) per poll, up to and including the first non-KEEP verdict."""
+    out = []
+    streak = 0
+    for end in range(1, len(samples) + 1):
+        now = samples[end - 1].t
+        verdict = evaluate(samples[:end], dataclasses.replace(
+            facts, jobs=samples[end - 1].jobs, trend_streak=streak), policy, now)
+        streak = verdict.trend_streak
+        out.append((now, verdict.action, verdict.assessment.seconds_to_limit))
+        if verdict.action is not Action.KEEP:
+            break
+    return out
+
+
+def test_a_ramp_that_levels_off_is_not_recycled_without_max_memory() -> None:
+    # Shaped like Keras predict() per job on a transformer encoder (issue 12): +312 MiB over
+    # the first minute after ready, decaying, then flat. Far over the per-1k-jobs limit at
+    # first (~500 MiB per 1k jobs), and never a leak.
+    policy = dataclasses.replace(POLICY, trend_window=60, trend_confirmations=3)
+    ramp = series(decaying(312 * MB, 20.0), n=240, noise=1 * MB, seed=3)
+    facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
+    assert all(action is Action.KEEP for _, action, _ in walk(ramp, policy, facts))
+    # The same ramp that never levels off (the growth of its first 20 s, kept up) is a leak.
+    steady = series(lambda i: BASE + 312 * MB / 20.0 * i, n=240, noise=1 * MB, seed=3)
+    assert walk(steady, policy, facts)[-1][1] is Action.RECYCLE
+
+
+@settings(max_examples=100, deadline=None)
+@given(mb_per_1k=st.floats(25, 2000), pause_at=st.integers(0, 200), pause=st.integers(0, 40),
+       noise_fraction=st.floats(0, 0.5), seed=st.integers(0, 99))
+def test_a_leak_that_pauses_is_still_recycled(mb_per_1k: float, pause_at: int, pause: int,
+                                              noise_fraction: float, seed: int) -> None:
+    # A pause looks like decay for a while (second half flatter than the first); the leak
+    # resumes, the window moves on, and it is recycled all the same.
+    per_sample = mb_per_1k * MB * JOBS_PER_SAMPLE / 1000
+
+    def memory(i: int) -> float:
+        grown = i if i < pause_at else max(pause_at, i - pause)
+        return BASE + per_sample * grown
+
+    samples = series(memory, n=300, noise=per_sample * noise_fraction, seed=seed)
+    facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
+    assert walk(samples, dataclasses.replace(POLICY, trend_confirmations=3), facts)[-1][1] \
+        is Action.RECYCLE
+
+
+def test_a_leak_with_max_memory_serves_until_its_replacement_needs_the_time_left() -> None:
+    # A real 2.2 GB/h leak (issue 12), 600 MB under max_memory: ~980 s to the limit. The
+    # worker took 15 s to start; with trend_lead 3 it is recycled when under ~48 s are left
+    # (3 x 15 s + 3 polls), not at the first confirmed trend ~900 s before the limit.
+    per_second = 2.2e9 / 3600
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 600 * MB, trend_confirmations=3,
+                                 max_growth_per_hour=1024 * MB)
+    leak = series(lambda i: BASE + per_second * i, n=1100, noise=0.5 * MB)
+    facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=0, jitter=0.0)
+    now, action, left = walk(leak, policy, facts)[-1]
+    assert action is Action.RECYCLE
+    assert left is not None and 0 < left <= 3 * 15.0 + 3 * 1.0
+    assert now > 900  # it served ~15 minutes more than it would have
+    eager = walk(leak, dataclasses.replace(policy, trend_lead=0.0), facts)[-1]
+    assert eager[1] is Action.RECYCLE and eager[0] < 100
+    # A start-up not yet known (no ready time) falls back to the horizon: act when confirmed.
+    unknown = walk(leak, policy, dataclasses.replace(facts, ready_at=None))[-1]
+    assert unknown[1] is Action.RECYCLE and unknown[0] < 100
+
+
+def test_lead_is_reported_in_the_assessment() -> None:
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 1000 * MB)
+    leak = series(lambda i: BASE + 1 * MB * i)
+    facts = WorkerFacts(started_at=-10.0, ready_at=0.0, jobs=leak[-1].jobs, jitter=0.0)
+    a = evaluate(leak, facts, policy, 89.0).assessment
+    assert a.lead_seconds == pytest.approx(3 * 10.0 + 1 * 1.0)
+    assert "lead_seconds" in a.fields()
+    no_limit = evaluate(leak, facts, POLICY, 89.0).assessment
+    assert no_limit.lead_seconds is None

@@ -113,7 +113,10 @@ def leaky_config(trend: bool = True) -> dict[str, Any]:
     policy = {"warmup_jobs": 20, "warmup_seconds": "0.5s", "trend_window": 20,
               "trend_confirmations": 2, "max_growth_per_1k_jobs": "50MiB" if trend else None,
               "max_growth_per_hour": None, "max_memory": limit(trend), "min_lifetime": "1s",
-              "drain_timeout": "10s"}
+              "drain_timeout": "10s",
+              # The trend acts once confirmed, not when max_memory nears (trend_lead): the
+              # lead's own timing is tested on the core (test_core_cases.py).
+              "trend_lead": 0}
     return {"supervisor": {"poll_interval": f"{POLL}s"}, "models": {
         "leaky": {"handler": "worker.handlers:leak", "workers": 2,
                   "options": {"bytes_per_job": LEAK_PER_JOB, "delay": JOB_DELAY},
