@@ -1,9 +1,10 @@
 """Dynamic batching, supervisor side: which queued jobs go together, and to what size.
 
 Jobs combine when every input has the same name, dtype and shape past the first (batch)
-dimension. The queue head decides; later jobs that fit join it in arrival order, up to
-``max_batch_size`` rows. A partial batch waits up to ``batch_timeout`` for more jobs (0:
-dispatch at once, so an idle service adds no latency and batches form only under load).
+dimension, a padded dimension counting at its bucket (supervisor/padding.py). The queue
+head decides; later jobs that fit join it in arrival order, up to ``max_batch_size`` rows.
+A partial batch waits up to ``batch_timeout`` for more jobs (0: dispatch at once, so an
+idle service adds no latency and batches form only under load).
 The batch is padded up to the next allowed size, which bounds the number of distinct shapes
 a model ever sees (and with it TF's per-shape memory growth).
 """
@@ -49,7 +50,10 @@ def powers_of_two(limit: int) -> tuple[int, ...]:
 
 
 def job_key(job: Job) -> tuple[Any, ...]:
-    """What must match for two jobs to share a batch."""
+    """What must match for two jobs to share a batch (a padded model's key is made at the
+    door: its variable-length axes count at their bucket)."""
+    if job.key is not None:
+        return job.key
     return tuple((s.get("name"), s.get("dtype"), tuple(_shape(s)[1:])) for s in job.inputs)
 
 

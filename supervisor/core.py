@@ -27,6 +27,7 @@ from supervisor.config import Config
 from supervisor.door import Door
 from supervisor.history import Reading, Sample
 from supervisor.lifecycle import STOP_GRACE, Lifecycle
+from supervisor.padding import batch_key
 from supervisor.pool import Pool, State, WorkerHandle
 from supervisor.protocol import (
     BAD_REQUEST,
@@ -157,14 +158,17 @@ class Core:
         door = self.doors.get(model)
         if door is None:
             door = self.doors[model] = Door()
+        dims = state.config.pad_dims
         try:  # from the header and the frame lengths alone: no array is built at the door
-            door.check(msg.header.get("inputs"), msg.arrays, state.inputs,
-                       self.limits.max_elements)
+            specs = door.check(msg.header.get("inputs"), msg.arrays, state.inputs,
+                               self.limits.max_elements)
+            key = batch_key(specs, dims) if dims else None
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
         job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
                   inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
-                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes)
+                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes,
+                  key=key)
         self.next_job_id += 1
         return job
 

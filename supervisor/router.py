@@ -16,6 +16,7 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from supervisor.actions import Action, Reply, SendBatch
 from supervisor.batching import BatchPolicy, job_rows, take_batch
@@ -45,6 +46,9 @@ class Job:
     dispatched_at: float | None = None
     lost_on: list[str] = field(default_factory=list)  # workers lost while holding it
     solo: bool = False  # was in a batch whose worker died: never batched again
+    # What a batch mate must match (supervisor/padding.py: padded axes at their bucket);
+    # None: the plain layout (names, dtypes, shapes past the batch dimension).
+    key: tuple[Any, ...] | None = None
 
     @functools.cached_property
     def rows(self) -> int | None:

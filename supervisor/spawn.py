@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.config import Config, SupervisorSection, TfConfig
-from supervisor.settings import Choice, ConfigError, section_fields
+from supervisor.config import Config, ModelConfig, PaddingConfig, SupervisorSection, TfConfig
+from supervisor.padding import PadDim, from_config
+from supervisor.settings import Choice, ConfigError, ConfigErrors, section_fields
 
 ENV_VAR = "TFSUPERVISOR_WORKER"
 
@@ -61,6 +62,9 @@ def _choices(name: str) -> tuple[str, ...]:
 LOG_LEVELS = _choices("log_level")
 LOG_FORMATS = _choices("log_format")
 TF_FIELDS = {f.name: f.metadata["kind"] for f in section_fields(TfConfig)}
+_MODEL_KINDS = {f.name: f.metadata["kind"] for f in section_fields(ModelConfig)}
+PADDING = _MODEL_KINDS["padding"]
+WARMUP_SIZES = _MODEL_KINDS["warmup_batch_sizes"]
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,17 @@ class WorkerSpec:
     log_format: str
     parent_pid: int  # the supervisor's pid
     secret: str  # proves to the supervisor that a backend peer is this spawned worker
+    padding: dict[str, dict[str, Any]]  # models.NAME.padding, every field present
+    warmup_batch_sizes: list[int]  # batch sizes warmed up, each with every padding size
 
     def __post_init__(self) -> None:
         _validate(self)
         # JSON writes 1.0 as 1.0 but a hand-written spec may say 1: one type either way.
         object.__setattr__(self, "heartbeat_interval", float(self.heartbeat_interval))
+
+    def pad_dims(self) -> tuple[PadDim, ...]:
+        """The padded dimensions (validated with the spec)."""
+        return from_config(_padding(self.padding))
 
     def to_env(self) -> str:
         """The spec as the JSON text of the TFSUPERVISOR_WORKER variable."""
@@ -127,7 +137,15 @@ def build_spec(config: Config, model: str, worker_id: str, parent_pid: int,
         tf={name: getattr(settings.tf, name) for name in TF_FIELDS},
         backend=config.backend, heartbeat_interval=config.supervisor.heartbeat_interval,
         probes=settings.probes, log_level=config.supervisor.log_level, log_format=log_format,
-        parent_pid=parent_pid, secret=secret)
+        parent_pid=parent_pid, secret=secret,
+        padding={name: _as_json(dataclasses.asdict(dim))
+                 for name, dim in settings.padding.items()},
+        warmup_batch_sizes=list(settings.warmup_batch_sizes))
+
+
+def _as_json(fields: dict[str, Any]) -> dict[str, Any]:
+    """Settings as JSON gives them back (lists, not tuples): validated the same either side."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
 
 
 def worker_command(spec: WorkerSpec) -> list[str]:
@@ -167,6 +185,11 @@ def _validate(spec: WorkerSpec) -> None:
     _one_of("log_format", spec.log_format, LOG_FORMATS)
     _options(spec.options)
     _tf(spec.tf)
+    _padding(spec.padding)
+    try:
+        WARMUP_SIZES.parse(spec.warmup_batch_sizes, "warmup_batch_sizes")
+    except ConfigError as exc:
+        raise SpawnError(f"{ENV_VAR}: {exc}") from None
     interval = spec.heartbeat_interval
     # NaN fails both comparisons; infinity fails the second.
     if isinstance(interval, bool) or not isinstance(interval, int | float) or \
@@ -182,6 +205,18 @@ def _validate(spec: WorkerSpec) -> None:
     if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
         raise SpawnError(f"{ENV_VAR}: parent_pid must be a process id (an integer from 1 to "
                          f"{MAX_PID}), got {_show(pid)}")
+
+
+def _padding(raw: object) -> dict[str, PaddingConfig]:
+    """The padding settings, checked as the config checks them (same declarations)."""
+    if not isinstance(raw, dict):  # the config reads a missing section as {}; a spec has it
+        raise SpawnError(f"{ENV_VAR}: padding must be a mapping, got {_show(raw)}")
+    try:
+        return PADDING.parse(raw, "padding")  # type: ignore[no-any-return]
+    except ConfigErrors as many:
+        raise SpawnError(f"{ENV_VAR}: {many.errors[0]}") from None
+    except ConfigError as exc:
+        raise SpawnError(f"{ENV_VAR}: {exc}") from None
 
 
 def _string(name: str, value: object) -> None:

@@ -75,13 +75,16 @@ def valid_raw(**changes: Any) -> dict[str, Any]:
         "location": "worker.handlers:echo", "signature": "serving_default", "options": {},
         "tf": dict(TF_DEFAULTS), "backend": "ipc:///tmp/nowhere/backend.sock",
         "heartbeat_interval": 0.2, "probes": True, "log_level": "info", "log_format": "json",
-        "parent_pid": os.getpid(), "secret": SECRET}
+        "parent_pid": os.getpid(), "secret": SECRET, "padding": {}, "warmup_batch_sizes": [1]}
     raw.update(changes)
     return raw
 
 
 # --- the contract ------------------------------------------------------------------------------
 
+PADDED_SEQ = {"inputs": {"input_ids": 1}, "sizes": [32, 64], "value": 0.0, "outputs": {},
+              "mask_input": "attention_mask", "length_input": None, "changes_outputs": False,
+              "verify": True}
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
@@ -99,7 +102,9 @@ specs = st.builds(
     backend=names, heartbeat_interval=st.floats(1e-3, 3600.0), probes=st.booleans(),
     log_level=st.sampled_from(LOG_LEVELS), log_format=st.sampled_from(LOG_FORMATS),
     parent_pid=st.integers(1, MAX_PID),
-    secret=st.text("0123456789abcdef", min_size=32, max_size=128))
+    secret=st.text("0123456789abcdef", min_size=32, max_size=128),
+    padding=st.just({}) | st.just({"seq": PADDED_SEQ}),
+    warmup_batch_sizes=st.lists(st.integers(1, 4096), min_size=1, max_size=4))
 
 
 @given(specs)
@@ -141,6 +146,16 @@ WRONG: dict[str, st.SearchStrategy[Any]] = {
     "parent_pid": json_values.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))
     | st.booleans() | st.integers(max_value=0) | st.integers(min_value=MAX_PID + 1)
     | st.floats(allow_nan=False) | st.just(float(os.getpid())),
+    "padding": json_values.filter(lambda v: not isinstance(v, dict))
+    | st.sampled_from([{"seq": {**PADDED_SEQ, "inputs": {"input_ids": 0}}},
+                       {"seq": {**PADDED_SEQ, "sizes": []}},
+                       {"seq": {**PADDED_SEQ, "value": "0"}},
+                       {"seq": {**PADDED_SEQ, "inputs": {}}},
+                       {"seq": {**PADDED_SEQ, "mask_input": "input_ids"}},
+                       {"seq": {**PADDED_SEQ, "unknown": 1}},
+                       {"not a name!": PADDED_SEQ}, {"seq": []}]),
+    "warmup_batch_sizes": json_values.filter(lambda v: not isinstance(v, list))
+    | st.sampled_from([[], [0], [True], [1.5], [10**30], ["1"], [4097]]),
     "secret": json_values.filter(lambda v: not isinstance(v, str)) | st.just("")
     | st.just("0123") | st.just("G" * 32) | st.just("A" * 32) | st.just("0" * 129),
 }
@@ -278,7 +293,8 @@ def test_build_spec_takes_every_field_from_the_config(workdir: Path) -> None:
         tf={"intra_op_threads": 2, "inter_op_threads": 0, "gpu_memory_growth": True,
             "gpu_memory_limit": 2**30},
         backend=f"ipc://{workdir.resolve()}/run/private/backend.sock", heartbeat_interval=0.5,
-        probes=True, log_level="debug", log_format="console", parent_pid=4321, secret=SECRET)
+        probes=True, log_level="debug", log_format="console", parent_pid=4321, secret=SECRET,
+        padding={}, warmup_batch_sizes=[1])
     assert worker_command(spec) == [sys.executable, "-m", "worker", "--id", "echo-3",
                                     "--model", "echo"]
     env = worker_env(config, spec, {"HOME": "/home/x", ENV_VAR: "stale", "FROM_MODEL": "no"})

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from supervisor.padding import array_lengths, cut, lengths, pad
 from supervisor.protocol import (
     BAD_REQUEST,
     INTERNAL,
@@ -73,8 +74,11 @@ def run_batch(runner: Runner, msg: Message) -> list[Message]:
 def _unpack(runner: Runner, entry: JobEntry, replies: list[Message]) -> Part | None:
     try:
         parsed = parse_specs(entry.inputs)
-        if runner.inputs is not None:  # defence in depth: the door checked when it knew
-            check_specs(runner.inputs, parsed)
+        inputs_known = runner.client_inputs
+        if inputs_known is not None:  # defence in depth: the door checked when it knew
+            check_specs(inputs_known, parsed)
+        if runner.padding:
+            lengths(parsed, runner.padding)
         inputs = arrays_from(parsed, entry.arrays)
     except ProtocolError as exc:
         replies.append(error_message(entry.id, BAD_REQUEST, str(exc)))
@@ -118,6 +122,29 @@ def _describe(exc: BaseException) -> str:
 
 
 def _call(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
+    if not runner.padding:
+        return _call_padded(runner, parts, pad_to, [], {})
+    dims = runner.padding
+    found = [array_lengths(p.inputs, dims) for p in parts]
+    buckets = {}
+    for dim in dims:
+        seen = {f[dim.name] for f in found if dim.name in f}
+        if not seen:
+            continue
+        if not dim.pads and len(seen) > 1:  # the supervisor keeps such jobs apart
+            raise ValueError(f"jobs of different '{dim.name}' lengths cannot be batched")
+        buckets[dim.name] = dim.bucket(max(seen))
+    padded = [Part(p.job_id, pad(p.inputs, dims, buckets, runner.input_dtypes), p.rows)
+              for p in parts]
+    return _call_padded(runner, padded, pad_to, found, buckets)
+
+
+def _call_padded(runner: Runner, parts: list[Part], pad_to: int,
+                 found: list[dict[str, int]], buckets: dict[str, int]) -> list[Message]:
+    """Run the (padded) parts as one batch; each job's outputs cut back to its lengths."""
+    def own_outputs(index: int, outputs: Arrays) -> Arrays:
+        return cut(outputs, runner.padding, found[index], buckets) if found else outputs
+
     sized = [(p, p.rows) for p in parts if p.rows is not None]
     if len(sized) != len(parts) or not _compatible(parts):
         if len(parts) != 1:  # run_batch keeps such parts apart; never concatenate them
@@ -126,17 +153,17 @@ def _call(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
         # is its own.
         outputs = runner(parts[0].inputs)
         check_outputs(parts[0].inputs, outputs)
-        return [_result(parts[0].job_id, outputs)]
+        return [_result(parts[0].job_id, own_outputs(0, outputs))]
     rows = sum(count for _, count in sized)
     inputs = combine(parts, max(pad_to, rows))
     outputs = runner(inputs)
     check_outputs(inputs, outputs)
     replies = []
     start = 0
-    for part, count in sized:
+    for index, (part, count) in enumerate(sized):
         own = {name: array[start:start + count] for name, array in outputs.items()}
         start += count
-        replies.append(_result(part.job_id, own))
+        replies.append(_result(part.job_id, own_outputs(index, own)))
     return replies
 
 

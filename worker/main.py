@@ -42,7 +42,8 @@ from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.probes import ProbeRecorder, keras_loop_traced
-from worker.runners import LoadError, Runner, load, warmup_inputs
+from worker.runners import LoadError, Runner, load
+from worker.warmup import check_padding, verify, warm
 
 PR_SET_PDEATHSIG = 1
 
@@ -127,19 +128,20 @@ def read_spec(worker_id: str, model: str) -> WorkerSpec | None:
 
 
 def boot(spec: WorkerSpec) -> Runner:
-    """Configure TF, load the model, run one real inference; LoadError if any step fails."""
+    """Configure TF, load the model, warm up every shape (proving padding harmless);
+    LoadError if any step fails."""
     runtime.export_environment(spec.tf)
     if spec.source != "handler" or spec.tf["gpu_memory_limit"]:
         runtime.configure_tensorflow(spec.tf)
     runner = load(spec.source, spec.location, spec.signature, spec.options)
+    runner.padding = spec.pad_dims()
+    check_padding(runner)
     if runner.inputs is not None:
-        try:
-            outputs = runner(warmup_inputs(runner.inputs))
-        except Exception as exc:
-            raise LoadError(f"warm-up inference failed: {type(exc).__name__}: {exc}") from exc
+        outputs = warm(runner, spec.warmup_batch_sizes)
         if runner.outputs is None:
             runner.outputs = [TensorSpec(n, wire_dtype(a), (None, *a.shape[1:]))
                               for n, a in outputs.items()]
+        verify(runner)
         warn_keras_loop()
     return runner
 
@@ -182,7 +184,7 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
     heartbeat = Heartbeat(context, spec.backend, worker_id, spec.heartbeat_interval,
                           spec.parent_pid, spec.secret, probes)
     ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
-             "inputs": _wire(runner.inputs), "outputs": _wire(runner.outputs)}
+             "inputs": _wire(runner.client_inputs), "outputs": _wire(runner.outputs)}
     sock.send_multipart(encode(signed(Message(READY, b"", ready), spec.secret)))
     heartbeat.start()
     code = WorkerExit.OK

@@ -33,6 +33,7 @@ from __future__ import annotations
 import builtins
 import collections
 import ctypes
+import dataclasses
 import gc
 import heapq
 import itertools
@@ -223,7 +224,7 @@ class ProbeRecorder:
                 self.account_measured(begin, (running - begin) + (clock() - resumed), counting,
                                       scheduled=entry is not None)
 
-        return Runner(call, runner.inputs, runner.outputs, keepalive=runner.keepalive)
+        return dataclasses.replace(runner, call=call)
 
     def account_measured(self, start: float, spent: float, counting: float | None,
                          scheduled: bool) -> None:

@@ -7,6 +7,7 @@ runners that need it, so handler workers that do not use TF start in a fraction 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from supervisor.padding import PadDim, generated_inputs
 from supervisor.protocol import DTYPES, TensorSpec
-from supervisor.strings import STRING
 
 Arrays = dict[str, np.ndarray]
 
@@ -32,6 +33,20 @@ class Runner:
     inputs: list[TensorSpec] | None
     outputs: list[TensorSpec] | None
     keepalive: Any = None  # objects the call needs alive (a loaded SavedModel)
+    padding: tuple[PadDim, ...] = ()  # variable-length dimensions padded per batch
+
+    @property
+    def client_inputs(self) -> list[TensorSpec] | None:
+        """The inputs a client sends: the model's, less those the worker generates (a
+        padding mask or lengths)."""
+        made = generated_inputs(self.padding)
+        if self.inputs is None or not made:
+            return self.inputs
+        return [s for s in self.inputs if s.name not in made]
+
+    @functools.cached_property
+    def input_dtypes(self) -> dict[str, str]:
+        return {s.name: s.dtype for s in self.inputs or []}
 
     def __call__(self, inputs: Arrays) -> Arrays:
         return {name: np.asarray(value) for name, value in self.call(inputs).items()}
@@ -133,15 +148,3 @@ def _declared(handler: Any, attribute: str) -> list[TensorSpec] | None:
         return None
     return [s if isinstance(s, TensorSpec) else TensorSpec.from_wire(s, allow_none=True)
             for s in specs]
-
-
-def warmup_inputs(specs: list[TensorSpec]) -> Arrays:
-    """A batch of one built from the specs (unknown dimensions taken as 1)."""
-    return {s.name: _zeros(s.dtype, tuple(1 if d is None else d for d in s.shape))
-            for s in specs}
-
-
-def _zeros(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    if dtype == STRING:
-        return np.full(shape, b"", dtype=object)
-    return np.zeros(shape, dtype=dtype)

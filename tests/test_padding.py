@@ -1,0 +1,293 @@
+"""Padding of variable-length dimensions without TensorFlow: the shared definition, the
+settings, the supervisor's batching key and the worker's padded batch, with hostile input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.batching import BatchPolicy, take_batch
+from supervisor.config import parse_config
+from supervisor.padding import PadDim, batch_key, cut, fits_dtype, lengths, pad
+from supervisor.protocol import RESULT, ProtocolError, TensorSpec, pack_arrays, unpack_arrays
+from supervisor.router import Job
+from supervisor.settings import ConfigErrors
+from supervisor.spawn import SpawnError, WorkerSpec, build_spec
+from tests.test_batching import batch_message, replies_by_id
+from worker.batch import run_batch
+from worker.runners import LoadError, Runner
+from worker.warmup import check_padding, shapes, verify, warm
+
+SEQ = PadDim("seq", {"ids": 1, "mask": 1}, (4, 8, 16), 0.0, {"states": 1}, None, None, True)
+
+
+def spec(name: str, *shape: int, dtype: str = "int32") -> TensorSpec:
+    return TensorSpec(name, dtype, tuple(shape))
+
+
+# --- the definition --------------------------------------------------------------------------
+
+def test_lengths_and_buckets() -> None:
+    assert lengths([spec("ids", 2, 5), spec("mask", 2, 5)], [SEQ]) == {"seq": 5}
+    assert SEQ.bucket(5) == 8 and SEQ.bucket(4) == 4 and SEQ.bucket(1) == 4
+    assert lengths([spec("other", 1, 3)], [SEQ]) == {}  # no padded input: nothing to pad
+
+
+@pytest.mark.parametrize(("specs", "message"), [
+    ([spec("ids", 1, 5), spec("mask", 1, 6)], "disagree on 'seq'"),
+    ([spec("ids", 1, 17)], "more than the largest size"),
+    ([spec("ids", 3)], "needs an axis 1"),
+    ([spec("ids")], "needs an axis 1"),
+])
+def test_hostile_lengths_are_bad_requests(specs: list[TensorSpec], message: str) -> None:
+    with pytest.raises(ProtocolError, match=message) as raised:
+        lengths(specs, [SEQ])
+    assert raised.value.code == "bad_request"
+
+
+def test_batch_key_counts_padded_axes_at_their_bucket() -> None:
+    def key(n: int) -> Any:
+        return batch_key([spec("ids", 1, n), spec("mask", 1, n), spec("x", 1, 3, 7)], [SEQ])
+
+    assert key(5) == key(8) != key(9)
+    assert key(5)[0] == ("ids", "int32", (8,))
+    assert key(5)[2] == ("x", "int32", (3, 7))  # an input the dimension does not name
+    exact = dataclasses.replace(SEQ, pads=False)  # changes_outputs: equal lengths only
+    assert batch_key([spec("ids", 1, 5)], [exact]) != batch_key([spec("ids", 1, 6)], [exact])
+
+
+def test_pad_generates_and_cut_gives_back() -> None:
+    dim = dataclasses.replace(SEQ, mask_input="made_mask", length_input="made_len")
+    ids = np.arange(1, 11, dtype=np.int64).reshape(2, 5)
+    out = pad({"ids": ids}, [dim], {"seq": 8}, {"made_len": "int64"})
+    assert out["ids"].shape == (2, 8) and out["ids"].dtype == np.int64
+    assert (out["ids"][:, 5:] == 0).all() and (out["ids"][:, :5] == ids).all()
+    assert out["made_mask"].tolist() == [[1] * 5 + [0] * 3] * 2
+    assert out["made_len"].tolist() == [5, 5] and out["made_len"].dtype == np.int64
+    states = np.zeros((2, 8, 3), np.float32)
+    assert cut({"states": states, "y": np.ones(2)}, [dim], {"seq": 5}, {"seq": 8})[
+        "states"].shape == (2, 5, 3)
+    with pytest.raises(ValueError, match="follows the padded length 8"):
+        cut({"states": np.zeros((2, 7, 3))}, [dim], {"seq": 5}, {"seq": 8})
+
+
+@pytest.mark.parametrize(("value", "dtype", "fits"), [
+    (0, "int32", True), (-1, "int32", True), (1.5, "int32", False), (-1, "uint8", False),
+    (300, "uint8", False), (2**31, "int32", False), (0.25, "float32", True), (1, "bool", True),
+    (2, "bool", False), (0, "not-a-dtype", False),
+])
+def test_pad_values_must_fit_the_dtype(value: float, dtype: str, fits: bool) -> None:
+    assert fits_dtype(value, dtype) is fits
+
+
+# --- settings ------------------------------------------------------------------------------
+
+def config(padding: Any, **model: Any) -> str:
+    return json.dumps({"models": {"enc": {"handler": "m:f", "padding": padding, **model}}})
+
+
+@pytest.mark.parametrize(("padding", "path"), [
+    ({"seq": {"inputs": {"ids": 0}, "sizes": [8]}}, "models.enc.padding.seq.inputs.ids"),
+    ({"seq": {"inputs": {"ids": "1"}, "sizes": [8]}}, "models.enc.padding.seq.inputs.ids"),
+    ({"seq": {"inputs": ["ids"], "sizes": [8]}}, "models.enc.padding.seq.inputs"),
+    ({"seq": {"inputs": {}, "sizes": [8]}}, "models.enc.padding.seq.inputs"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": []}}, "models.enc.padding.seq.sizes"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8, 8]}}, "models.enc.padding.seq.sizes"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [0]}}, "models.enc.padding.seq.sizes[0]"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "value": float("nan")}},
+     "models.enc.padding.seq.value"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "value": "0"}}, "models.enc.padding.seq.value"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "mask_input": "ids"}},
+     "models.enc.padding.seq"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "mask_input": "m", "length_input": "m"}},
+     "models.enc.padding.seq"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "typo": 1}}, "models.enc.padding.seq.typo"),
+    ({"a": {"inputs": {"ids": 1}, "sizes": [8]}, "b": {"inputs": {"ids": 1}, "sizes": [4]}},
+     "models.enc.padding.b.inputs.ids"),
+    ({"a": {"inputs": {"ids": 1}, "sizes": [8], "mask_input": "m"},
+      "b": {"inputs": {"m": 2}, "sizes": [4]}}, "models.enc.padding.a"),
+    ("seq", "models.enc.padding"),
+])
+def test_padding_settings_are_validated_with_their_path(padding: Any, path: str) -> None:
+    with pytest.raises(ConfigErrors) as raised:
+        parse_config(config(padding).replace("NaN", ".nan"), Path("/tmp/c.yaml"))
+    assert path in [e.path for e in raised.value.errors], raised.value
+
+
+def test_warmup_batch_sizes_are_validated() -> None:
+    for bad in ([], [0], ["1"], 4, [64]):  # 64: more than max_batch_size (32)
+        with pytest.raises(ConfigErrors) as raised:
+            parse_config(config({}, warmup_batch_sizes=bad), Path("/tmp/c.yaml"))
+        assert raised.value.errors[0].path.startswith("models.enc.warmup_batch_sizes")
+
+
+def worker_spec(**model: Any) -> WorkerSpec:
+    cfg = parse_config(config({"seq": {"inputs": {"ids": 1}, "sizes": [16, 8]}}, **model),
+                       Path("/tmp/c.yaml"))
+    return build_spec(cfg, "enc", "enc-1", 1, "json", "ab" * 16)
+
+
+def test_the_spec_carries_padding_and_the_worker_reads_the_same() -> None:
+    spec = WorkerSpec.from_env(worker_spec(warmup_batch_sizes=[1, 4]).to_env())
+    (dim,) = spec.pad_dims()
+    assert dim.sizes == (8, 16) and dim.inputs == {"ids": 1} and dim.pads and dim.verify
+    assert spec.warmup_batch_sizes == [1, 4]
+
+
+@pytest.mark.parametrize("padding", [
+    {"seq": {"inputs": {"ids": 1}, "sizes": "8"}},
+    {"seq": {"inputs": {"ids": -1}}},
+    {"seq": {"inputs": {"ids": 1}, "bogus": True}},
+    [],
+])
+def test_a_hostile_spec_padding_is_refused(padding: Any) -> None:
+    raw = json.loads(worker_spec().to_env())
+    raw["padding"] = padding
+    with pytest.raises(SpawnError, match="padding"):
+        WorkerSpec.from_env(json.dumps(raw))
+
+
+def test_a_hostile_spec_warmup_is_refused() -> None:
+    raw = json.loads(worker_spec().to_env())
+    for bad in ([1, 10**30], [True], [], "1", [1.5]):
+        raw["warmup_batch_sizes"] = bad
+        with pytest.raises(SpawnError, match="warmup_batch_sizes"):
+            WorkerSpec.from_env(json.dumps(raw))
+
+
+# --- the supervisor's batching -------------------------------------------------------------
+
+def job(i: int, length: int, dims: tuple[PadDim, ...] = (SEQ,)) -> Job:
+    specs, frames = pack_arrays({"ids": np.ones((1, length), np.int32)})
+    key = batch_key([TensorSpec.from_wire(s) for s in specs], dims)
+    return Job(i, "m", [], str(i).encode(), specs, frames, received_at=0.0, key=key)
+
+
+def test_mixed_lengths_of_one_bucket_share_a_batch() -> None:
+    queue = deque([job(0, 5), job(1, 16), job(2, 8), job(3, 6), job(4, 3)])
+    policy = BatchPolicy.from_config(8, 0.0, None)
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [0, 2, 3]  # all padded to 8
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [1]
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [4]
+
+
+# --- the worker's padded batch -------------------------------------------------------------
+
+class MaskedSum:
+    """Sums each row's ids where the mask says real, and returns the per-token ids doubled:
+    padding leaves both alone. Records the shapes it is called with."""
+
+    inputs = [TensorSpec("ids", "int32", (None, None)), TensorSpec("mask", "int32", (None, None))]
+
+    def __init__(self, masked: bool = True) -> None:
+        self.masked = masked
+        self.seen: list[tuple[int, ...]] = []
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids, mask = inputs["ids"], inputs["mask"]
+        self.seen.append(ids.shape)
+        weights = mask if self.masked else np.ones_like(mask)
+        return {"total": (ids * weights).sum(axis=1), "states": ids * 2,
+                "mean": (ids * weights).sum(axis=1) / weights.sum(axis=1)}
+
+
+MASKED = dataclasses.replace(SEQ, inputs={"ids": 1}, mask_input="mask")
+
+
+def runner(model: MaskedSum, dim: PadDim = MASKED) -> Runner:
+    made = Runner(model, model.inputs, None)
+    made.padding = (dim,)
+    return made
+
+
+def results(replies: list[Any]) -> dict[bytes, Any]:
+    return {r.job_id: unpack_arrays(r.header["outputs"], r.arrays) if r.kind == RESULT
+            else r.header["code"] for r in replies}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 16), min_size=1, max_size=6), st.integers(0, 2**16))
+def test_each_job_gets_its_unpadded_outputs(job_lengths: list[int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    model = MaskedSum()
+    jobs = [{"ids": rng.integers(1, 100, (1, n)).astype(np.int32)} for n in job_lengths]
+    same_bucket = [j for j in jobs if MASKED.bucket(j["ids"].shape[1]) ==
+                   MASKED.bucket(jobs[0]["ids"].shape[1])]
+    got = results(run_batch(runner(model), batch_message(jobs, pad_to=len(jobs))))
+    for i, arrays in enumerate(jobs):
+        ids = arrays["ids"]
+        out = got[str(i).encode()]
+        assert out["total"].tolist() == [int(ids.sum())]
+        assert out["states"].tolist() == (ids * 2).tolist()  # cut back to its own length
+    assert len(model.seen) == 1 and model.seen[0][1] == max(
+        MASKED.bucket(j["ids"].shape[1]) for j in jobs)
+    assert same_bucket  # (the supervisor sends one bucket per batch; the worker copes anyway)
+
+
+def test_a_bad_job_in_a_padded_batch_is_answered_alone() -> None:
+    model = MaskedSum()
+    parts = [{"ids": np.ones((1, 3), np.int32)}, {"ids": np.ones((1, 40), np.int32)},
+             {"ids": np.ones((1, 2, 2), np.int32)}]
+    got = results(run_batch(runner(model), batch_message(parts, pad_to=4)))
+    assert got[b"1"] == "bad_request" and got[b"2"] == "bad_request"
+    assert got[b"0"]["total"].tolist() == [3]
+
+
+def test_without_padding_a_changing_model_batches_only_equal_lengths() -> None:
+    model = MaskedSum()
+    exact = dataclasses.replace(MASKED, pads=False)
+    parts = [{"ids": np.ones((1, 3), np.int32)}, {"ids": np.ones((1, 5), np.int32)}]
+    got = results(run_batch(runner(model, exact), batch_message(parts, pad_to=2)))
+    assert [got[k]["total"].tolist() for k in (b"0", b"1")] == [[3], [5]]
+    assert sorted(shape[1] for shape in model.seen[-2:]) == [3, 5]  # each alone, unpadded
+
+
+# --- the worker's load checks and warm-up --------------------------------------------------
+
+def test_warmup_runs_every_batch_size_at_every_size() -> None:
+    model = MaskedSum()
+    made = runner(model)
+    warm(made, [1, 4])
+    assert model.seen == [(1, 4), (1, 8), (1, 16), (4, 4), (4, 8), (4, 16)]
+    assert len(shapes(made, [1, 4])) == 6
+
+
+def test_verify_refuses_a_model_that_padding_changes() -> None:
+    verify(runner(MaskedSum()))  # masked: padding is harmless
+    with pytest.raises(LoadError, match="changes the model's output 'mean'"):
+        verify(runner(MaskedSum(masked=False)))
+    verify(runner(MaskedSum(masked=False), dataclasses.replace(MASKED, verify=False)))
+
+
+@pytest.mark.parametrize(("dim", "message"), [
+    (dataclasses.replace(MASKED, inputs={"nope": 1}), "no input 'nope'"),
+    (dataclasses.replace(MASKED, mask_input="absent"), "no input 'absent' to generate"),
+    (dataclasses.replace(MASKED, value=0.5), "cannot be held exactly"),
+    (dataclasses.replace(MASKED, inputs={"ids": 2}), "no axis 2"),
+])
+def test_padding_that_does_not_fit_the_model_is_a_load_error(dim: PadDim, message: str) -> None:
+    with pytest.raises(LoadError, match=message):
+        check_padding(runner(MaskedSum(), dim))
+
+
+def test_a_fixed_length_input_cannot_be_padded() -> None:
+    model = MaskedSum()
+    model.inputs = [TensorSpec("ids", "int32", (None, 8)), TensorSpec("mask", "int32", (None, 8))]
+    with pytest.raises(LoadError, match="always 8 long"):
+        check_padding(runner(model))
+
+
+def test_the_generated_input_is_not_asked_of_clients() -> None:
+    made = runner(MaskedSum())
+    assert [s.name for s in made.client_inputs or []] == ["ids"]
+    replies = replies_by_id(run_batch(made, batch_message(
+        [{"ids": np.ones((1, 3), np.int32), "mask": np.ones((1, 3), np.int32)}], pad_to=1)))
+    assert replies[b"0"].header["code"] == "bad_request"  # the client may not send it
