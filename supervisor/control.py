@@ -133,6 +133,8 @@ class Controller:
                 "growth_per_1k_jobs": a.growth_per_1k_jobs,
                 "growth_per_hour": a.growth_per_hour,
                 "seconds_to_limit": a.seconds_to_limit,
+                # a trend recycles once seconds_to_limit is under this (policy.trend_lead)
+                "lead_seconds": a.lead_seconds,
                 "recycle_reason": str(worker.reason) if worker.reason else None,
                 # why it grows, once its trend is judged suspect (diagnosis.py)
                 "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
