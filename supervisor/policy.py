@@ -11,12 +11,14 @@ No clocks, no I/O: the time is passed in. How a trend is judged (docs/policy.md)
 - Growth that is decaying (second half slower than the first) is projected as a geometric
   series; if it levels off under ``max_memory``, it is not a leak. Without ``max_memory``
   there is no ceiling to project to, but a series that converges is not a leak at any growth
-  limit: growth whose second half is at most DECAYING of its first is left alone (a warm-up
-  ramp that levels off after "ready", such as Keras ``predict()``'s).
+  limit: growth whose second half is at most DECAYING of its first (over a full window;
+  scaled for a shorter one) is left alone (a warm-up ramp that levels off after "ready",
+  such as Keras ``predict()``'s).
 - With ``max_memory`` set, the worker lives as long as it safely can: a trend is acted on
   only when the projected time to ``max_memory`` is under the lead its replacement needs
-  (``trend_lead`` times the worker's own measured start-up, plus the confirmations' polls),
-  and never for growth that would not reach it within ``trend_horizon``.
+  (``trend_lead`` times the worker's own measured start-up, for each turn of recycles the
+  model's workers may need, plus the confirmations' polls), and never for growth that would
+  not reach it within ``trend_horizon``. VRAM trends are judged on their own limit.
 - The condition must hold on ``trend_confirmations`` evaluations in a row (the caller keeps
   the streak and passes it back in).
 """
@@ -64,6 +66,9 @@ class WorkerFacts:
     ready_at: float | None = None  # warm-up counts from here (spawn time if not given)
     baseline: int | None = None  # as measured once before (the history is bounded: its
     # oldest warmed-up sample moves on, the first one does not)
+    # Replacements that may have to start one after the other before this worker's can
+    # (workers in lockstep, max_concurrent_recycles at a time): the lead waits for them all.
+    recycle_turns: int = 1
 
 
 @dataclass(frozen=True)
@@ -152,14 +157,15 @@ def warmed_up(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfi
     return [s for s in samples if s.t >= start and s.jobs >= policy.warmup_jobs]
 
 
-def levels_off_below(slope: Slope, current: float, limit: int | None) -> bool:
+def levels_off_below(slope: Slope, current: float, limit: int | None,
+                     decaying: float = DECAYING) -> bool:
     """Decaying growth whose geometric tail stays under ``limit`` is not a leak; with no
-    limit, growth decaying by at least DECAYING per half-window converges: not a leak."""
+    limit, growth whose halves decay by ``decaying`` or more converges: not a leak."""
     if slope.second_half >= slope.first_half or slope.first_half <= 0:
         return False
     ratio = max(0.0, slope.second_half / slope.first_half)
     if limit is None:
-        return ratio <= DECAYING
+        return ratio <= decaying
     half_span = slope.span / 2
     remaining = slope.second_half * half_span * ratio / (1 - ratio)
     return current + remaining < limit
@@ -208,14 +214,17 @@ def lead_seconds(window: Sequence[Sample], facts: WorkerFacts,
                  policy: PolicyConfig) -> float | None:
     """How long before max_memory a trend recycle must start: ``trend_lead`` times what this
     worker took from spawn to ready (its replacement needs as much, on a busier machine),
-    plus the polls the confirmations take. None: no lead (``trend_lead`` 0, or the start-up
-    is not known), and the horizon alone decides."""
+    once for each turn of replacements ahead of it (the model's workers may leak in
+    lockstep, and only max_concurrent_recycles go at a time), plus the polls the
+    confirmations take. None: no lead (``trend_lead`` 0, or the start-up is not known), and
+    the horizon alone decides."""
     if policy.trend_lead <= 0 or facts.ready_at is None:
         return None
     startup = max(0.0, facts.ready_at - facts.started_at)
     gaps = [b.t - a.t for a, b in itertools.pairwise(window) if b.t > a.t]
     poll = float(np.median(gaps)) if gaps else 0.0
-    return policy.trend_lead * startup + policy.trend_confirmations * poll
+    turns = max(1, facts.recycle_turns)
+    return policy.trend_lead * startup * turns + policy.trend_confirmations * poll
 
 
 def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig,
@@ -275,15 +284,14 @@ def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
 
 def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
            vram_per_job: Slope | None, policy: PolicyConfig) -> tuple[Reason, str] | None:
-    """A confident growth trend over a limit, that will matter within the horizon (and,
-    with a lead, soon enough that waiting longer would let the worker reach max_memory)."""
+    """A confident growth trend over a limit that matters: host memory growth within the
+    horizon (and, with a lead, soon enough that waiting longer would let the worker reach
+    max_memory); VRAM growth whenever it is over its limit (the time to max_memory says
+    nothing of it)."""
     if a.memory is None:
         return None
-    if a.seconds_to_limit is not None:
-        if a.seconds_to_limit > policy.trend_horizon:
-            return None  # it may grow, but it will not reach max_memory in time to matter
-        if a.lead_seconds is not None and a.seconds_to_limit > a.lead_seconds:
-            return None  # it can serve on: its replacement needs less time than it has left
+    # A window not yet full has shorter halves: the decay asked of them is scaled to match.
+    decaying = DECAYING ** (a.window / policy.trend_window) if a.window else DECAYING
     checks = [
         (Reason.GROWTH_PER_1K_JOBS, per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
          policy.max_memory),
@@ -295,12 +303,25 @@ def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
     for reason, slope, limit, scale, unit, ceiling in checks:
         if slope is None or limit is None or not slope.confidently_over(limit / scale):
             continue
-        current = a.vram if reason is Reason.VRAM_GROWTH_PER_1K_JOBS else a.memory
-        if current is not None and levels_off_below(slope, current, ceiling):
+        vram = reason is Reason.VRAM_GROWTH_PER_1K_JOBS
+        if not vram and not _host_memory_due(a, policy):
+            continue
+        current = a.vram if vram else a.memory
+        if current is not None and levels_off_below(slope, current, ceiling, decaying):
             continue
         return reason, f"growing {slope.value * scale:.0f} bytes {unit} (halves " \
             f"{slope.first_half * scale:.0f} and {slope.second_half * scale:.0f}) > {limit}"
     return None
+
+
+def _host_memory_due(a: Assessment, policy: PolicyConfig) -> bool:
+    """Whether host memory growth matters now: it reaches max_memory within the horizon,
+    and, with a lead, within the lead (until then the worker serves on)."""
+    if a.seconds_to_limit is None:
+        return True
+    if a.seconds_to_limit > policy.trend_horizon:
+        return False  # it may grow, but it will not reach max_memory in time to matter
+    return a.lead_seconds is None or a.seconds_to_limit <= a.lead_seconds
 
 
 def pressure_victim(candidates: Sequence[tuple[str, Assessment]]) -> str | None:

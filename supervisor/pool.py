@@ -88,10 +88,10 @@ class WorkerHandle:
         is ready (surge); no other leaving worker is sent anything."""
         return self.reason is not None
 
-    def facts(self) -> WorkerFacts:
+    def facts(self, recycle_turns: int = 1) -> WorkerFacts:
         """What the policy needs to know about this worker besides its samples."""
         return WorkerFacts(self.started_at, self.jobs, self.jitter, self.trend_streak,
-                           self.ready_at, self.assessment.baseline)
+                           self.ready_at, self.assessment.baseline, recycle_turns)
 
     @property
     def killed(self) -> bool:

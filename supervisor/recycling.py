@@ -81,8 +81,9 @@ class Recycler:
         if worker.state is State.GONE or worker.killed or \
                 self.pool.workers.get(worker.id) is not worker:
             return None
-        policy = self.pool.models[worker.model].config.policy
-        facts = worker.facts()
+        config = self.pool.models[worker.model].config
+        policy = config.policy
+        facts = worker.facts(-(-config.workers // policy.max_concurrent_recycles))
         history = list(worker.history)
         verdict = evaluate(history, facts, policy, now)
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak

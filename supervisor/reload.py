@@ -18,7 +18,7 @@ from supervisor.config import Config, ModelConfig
 
 # Model settings a running worker cannot take on: they need new workers.
 WORKER_FIELDS = ("saved_model", "keras", "handler", "signature", "options", "env", "tf",
-                 "probes")
+                 "probes", "padding", "warmup_batch_sizes")
 # Supervisor settings bound into sockets at start.
 RESTART_FIELDS = ("endpoints", "control", "runtime_dir", "max_message_size", "metrics",
                   "curve", "socket_group")

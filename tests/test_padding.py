@@ -291,3 +291,20 @@ def test_the_generated_input_is_not_asked_of_clients() -> None:
     replies = replies_by_id(run_batch(made, batch_message(
         [{"ids": np.ones((1, 3), np.int32), "mask": np.ones((1, 3), np.int32)}], pad_to=1)))
     assert replies[b"0"].header["code"] == "bad_request"  # the client may not send it
+
+
+def test_a_reload_that_changes_padding_or_warmup_replaces_the_workers() -> None:
+    from supervisor.reload import plan
+
+    def parsed(padding: Any, **model: Any) -> Any:
+        return parse_config(config(padding, **model), Path("/tmp/c.yaml"))
+
+    old = parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16]}})
+    for new in (parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16, 32]}}),
+                parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16], "changes_outputs": True}}),
+                parsed({}),
+                parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16]}},
+                       warmup_batch_sizes=[1, 4])):
+        assert plan(old, new).replaced == ["enc"]
+    same = parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16]}})
+    assert plan(old, same).replaced == []

@@ -317,3 +317,36 @@ def test_lead_is_reported_in_the_assessment() -> None:
     assert "lead_seconds" in a.fields()
     no_limit = evaluate(leak, facts, POLICY, 89.0).assessment
     assert no_limit.lead_seconds is None
+
+
+def test_the_lead_gates_host_memory_only_never_a_vram_trend() -> None:
+    # VRAM leaks 1 MiB a job while host memory creeps far from max_memory: the VRAM trend
+    # limit acts at once; the lead (time to max_memory) says nothing about VRAM.
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 2048 * MB,
+                                 max_vram_growth_per_1k_jobs=100 * MB)
+    samples = [dataclasses.replace(s, vram=s.jobs * MB)
+               for s in series(lambda i: BASE + 0.03 * MB * i)]  # ~100 MiB/h of host growth
+    facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=samples[-1].jobs, jitter=0.0)
+    verdict = evaluate(samples, facts, policy, samples[-1].t)
+    assert (verdict.action, verdict.reason) == (Action.RECYCLE, "vram_growth_per_1k_jobs")
+
+
+def test_the_lead_waits_for_every_turn_of_recycles_ahead() -> None:
+    # Four workers leaking in lockstep, one recycle at a time: the last one's replacement
+    # starts after three others, so each is recycled with four start-ups' lead.
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 1000 * MB)
+    leak = series(lambda i: BASE + 1 * MB * i)
+    facts = WorkerFacts(started_at=-10.0, ready_at=0.0, jobs=leak[-1].jobs, jitter=0.0,
+                        recycle_turns=4)
+    a = evaluate(leak, facts, policy, 89.0).assessment
+    assert a.lead_seconds == pytest.approx(3 * 10.0 * 4 + 1 * 1.0)
+
+
+@pytest.mark.parametrize("tau", [10.0, 20.0, 30.0])
+def test_a_ramp_is_judged_alike_while_the_window_fills(tau: float) -> None:
+    # The decay asked of the halves scales with the window: a ramp with a 10-30 s time
+    # constant is left alone from the first judged (half-full) window of 60 on, at every poll.
+    policy = dataclasses.replace(POLICY, trend_window=60, trend_confirmations=3)
+    ramp = series(decaying(300 * MB, tau), n=200, noise=0.5 * MB, seed=1)
+    facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
+    assert all(action is Action.KEEP for _, action, _ in walk(ramp, policy, facts))
