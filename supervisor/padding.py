@@ -182,7 +182,11 @@ def fits_dtype(value: float, dtype: str) -> bool:
         return float(value).is_integer() and info.min <= value <= info.max
     if kind.kind == "b":
         return value in (0, 1)
-    return kind.kind == "f"
+    if kind.kind != "f":
+        return False
+    with np.errstate(over="ignore"):  # too large for the dtype: inf, refused below
+        held = np.asarray(value).astype(kind)
+    return bool(np.isfinite(held)) and float(held) == value
 
 
 def from_config(padding: Mapping[str, Any]) -> tuple[PadDim, ...]:

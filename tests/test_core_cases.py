@@ -394,3 +394,35 @@ def test_a_trend_with_max_memory_waits_until_the_replacement_needs_the_time_left
     world.tick()
     assert "a-2" in world.memory  # its replacement is on its way, with the time it needs
     assert world.state("a-1") is State.READY  # and it serves until that one is ready
+
+
+def test_workers_leaking_in_lockstep_are_each_replaced_before_max_memory() -> None:
+    # Three workers started together leak 1 MB/s each towards a max_memory 200 MB away and
+    # take 10 s to start; one recycle at a time. The lead waits for the turns ahead, so
+    # every recycle is by trend, none by max_memory, and the pool never drops below three.
+    world = World(BASE.replace("workers: 1", "workers: 3").replace(
+        "max_attempts: 2", "max_attempts: 2, max_growth_per_hour: 1GiB, "
+        "max_growth_per_1k_jobs: null, trend_window: 20, trend_confirmations: 2, "
+        "max_memory: 200000000"))
+    spawned: dict[str, float] = {}
+    start = world.now
+    fewest = 3
+    while world.now < start + 400:
+        for worker in world.memory:
+            spawned.setdefault(worker, world.now)
+            if world.state(worker) is State.STARTING and world.now - spawned[worker] >= 10:
+                world.ready(worker)
+        world.tick(1.0)
+        for worker in list(world.memory):
+            if world.state(worker) not in (None, State.STARTING):
+                world.heartbeat(worker)
+                world.memory[worker] = 100 + int(1e6 * (world.now - spawned[worker] - 10))
+        world.poll()
+        for worker in list(world.memory):
+            if world.state(worker) is State.STOPPING:
+                world.exit(worker, 0)
+        if world.now - start > 30:
+            fewest = min(fewest, sum(world.state(w) is State.READY for w in world.memory))
+    recycles = dict(world.core.pool.models["a"].recycles)
+    assert set(recycles) == {"growth_per_hour"} and recycles["growth_per_hour"] >= 6, recycles
+    assert fewest == 3

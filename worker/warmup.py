@@ -110,10 +110,26 @@ def warm(runner: Runner, batch_sizes: tuple[int, ...] | list[int]) -> Arrays:
         except Exception as exc:
             raise LoadError(f"warm-up inference failed (batch {rows}, lengths {sizes}): "
                             f"{type(exc).__name__}: {exc}") from exc
+        _check_cut_axes(runner.padding, outputs, sizes)
     if len(todo) > 1:
         log.info("warmed_up_shapes", shapes=len(todo), seconds=round(time.monotonic() - started,
                                                                      2))
     return outputs
+
+
+def _check_cut_axes(dims: tuple[PadDim, ...], outputs: Arrays, sizes: dict[str, int]) -> None:
+    """Each output named to be cut back must follow its padded length at every size: an
+    axis that does not would be cut at random (or fail every job), whatever ``verify``."""
+    for dim in dims:
+        for name, axis in dim.outputs.items():
+            array = outputs.get(name)
+            if array is None:
+                continue  # a handler without declared outputs may leave one out
+            if array.ndim <= axis or array.shape[axis] != sizes[dim.name]:
+                raise LoadError(f"padding '{dim.name}': output '{name}' has shape "
+                                f"{array.shape} at length {sizes[dim.name]}, so its axis "
+                                f"{axis} does not follow the padded length; name only outputs "
+                                f"that do under padding.{dim.name}.outputs")
 
 
 def verify(runner: Runner) -> None:
