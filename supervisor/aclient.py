@@ -167,7 +167,7 @@ class AsyncClient:
 
     async def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
-        attempt = Attempt(self._rotation, self.retry_unanswered, timeout)
+        attempt = Attempt(self._rotation, self.retry_unanswered, timeout, deadline)
         for endpoint in attempt.endpoints():
             refresh_deadline(msg, deadline)
             try:

@@ -231,7 +231,7 @@ class Client:
 
     def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
-        attempt = Attempt(self._rotation, self.retry_unanswered, timeout)
+        attempt = Attempt(self._rotation, self.retry_unanswered, timeout, deadline)
         for endpoint in attempt.endpoints():
             link = self._link(endpoint)
             refresh_deadline(msg, deadline)

@@ -23,6 +23,8 @@ RETRY_ELSEWHERE = frozenset({protocol.SHUTTING_DOWN, protocol.OVERLOADED, protoc
 DOWN_SECONDS = 5.0
 # How long a send may wait for a connection before that endpoint counts as down.
 CONNECT_WAIT = 1.0
+# Less time than this left: no new round of connection attempts.
+MIN_ROUND = 0.01
 
 
 class Rotation:
@@ -59,19 +61,32 @@ class Lost(Exception):
 class Attempt:
     """One call's tour of the supervisors."""
 
-    def __init__(self, rotation: Rotation, retry_unanswered: bool, timeout: float) -> None:
+    def __init__(self, rotation: Rotation, retry_unanswered: bool, timeout: float,
+                 deadline: float | None = None) -> None:
         self.rotation = rotation
         self.retry_unanswered = retry_unanswered
         self.timeout = timeout
+        self.deadline = deadline if deadline is not None else time.monotonic() + timeout
         self.tried: list[str] = []
         self.last: Message | None = None  # the latest refusal
+        self.unreached = 0  # endpoints of this round with no connection (not_sent)
 
     def endpoints(self) -> Iterator[str]:
-        while (endpoint := self.rotation.pick(self.tried)) is not None:
-            self.tried.append(endpoint)
-            yield endpoint
+        """Each endpoint once; then, when none could even be reached (no connection: a
+        supervisor still starting, say, or a script launched together with it), round
+        again until the deadline. Each try waits up to CONNECT_WAIT for a connection, so
+        the rounds never spin."""
+        while True:
+            while (endpoint := self.rotation.pick(self.tried)) is not None:
+                self.tried.append(endpoint)
+                yield endpoint
+            if self.unreached < len(self.tried) or \
+                    self.deadline - time.monotonic() < MIN_ROUND:
+                return
+            self.tried, self.unreached = [], 0
 
     def not_sent(self, endpoint: str) -> None:
+        self.unreached += 1
         self.rotation.mark_down(endpoint)
 
     def lost(self, endpoint: str) -> None:
