@@ -87,7 +87,7 @@ class PolicyConfig:
         Float(0.0, 100.0), 3.0, "With max_memory set, a growth trend recycles only once the "
         "projected time to max_memory is under this many times the worker's own start-up (plus the "
         "confirmations' polls): a worker lives as long as it safely can. 0: act as soon as "
-        "the trend is confirmed (within trend_horizon).")
+        "the trend is confirmed (within trend_horizon); otherwise at least 1.")
     max_vram: int | None = setting(
         Optional(Size()), None, "Soft GPU memory limit (NVML, per process).")
     max_vram_growth_per_1k_jobs: int | None = setting(
@@ -122,6 +122,10 @@ class PolicyConfig:
         if self.kill_memory is not None and self.max_memory is not None \
                 and self.kill_memory <= self.max_memory:
             errors.append(ConfigError(f"{path}.kill_memory", "must be larger than max_memory"))
+        if 0 < self.trend_lead < 1:
+            errors.append(ConfigError(f"{path}.trend_lead", "must be 0 (off) or at least 1: "
+                                      "a lead shorter than one start-up leaves no time for "
+                                      "the replacement"))
         if self.job_timeout is not None and self.job_timeout <= 0:
             errors.append(ConfigError(f"{path}.job_timeout", "must be more than 0 (null turns "
                                       "it off)"))

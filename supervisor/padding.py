@@ -39,10 +39,12 @@ class PadDim:
     verify: bool = True  # the worker proves at load that padding leaves outputs alone
 
     def bucket(self, length: int) -> int:
-        """The size a job of this length is padded to (its own length when not padding)."""
+        """The size a job of this length is padded to: its own length when not padding, or
+        when longer than the largest size (the door refuses those; a worker still running
+        older settings after a reload serves what the door admitted, unpadded)."""
         if not self.pads:
             return length
-        return next(size for size in self.sizes if size >= length)
+        return next((size for size in self.sizes if size >= length), length)
 
     @property
     def generated(self) -> tuple[str, ...]:
@@ -54,9 +56,12 @@ def generated_inputs(dims: Sequence[PadDim]) -> frozenset[str]:
     return frozenset(name for dim in dims for name in dim.generated)
 
 
-def lengths(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> dict[str, int]:
+def lengths(specs: Sequence[TensorSpec], dims: Sequence[PadDim],
+            door: bool = True) -> dict[str, int]:
     """Each dimension's length in this job; ProtocolError (bad_request) when an input lacks
-    the axis, its inputs disagree, or it is longer than the largest size."""
+    the axis, its inputs disagree, or (at the ``door``) it is longer than the largest size.
+    A worker does not hold jobs to its own largest size: during a reload its settings may
+    be older than the door's, and what the door admitted is served."""
     shapes = {s.name: s.shape for s in specs}
     found: dict[str, int] = {}
     for dim in dims:
@@ -77,7 +82,7 @@ def lengths(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> dict[str, in
         if not seen:
             continue
         length = next(iter(seen.values()))
-        if length > dim.sizes[-1]:
+        if door and length > dim.sizes[-1]:
             raise ProtocolError(f"'{dim.name}' is {length} long, more than the "
                                 f"largest size the model is padded to ({dim.sizes[-1]})")
         found[dim.name] = length
@@ -103,9 +108,9 @@ def batch_key(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> Key:
 # --- the worker's side -------------------------------------------------------------------
 
 def array_lengths(inputs: Mapping[str, np.ndarray], dims: Sequence[PadDim]) -> dict[str, int]:
-    """``lengths`` for arrays in hand (the worker checks again: defence in depth)."""
+    """``lengths`` for arrays in hand, in a worker (see ``lengths``)."""
     specs = [TensorSpec(name, str(a.dtype), tuple(a.shape)) for name, a in inputs.items()]
-    return lengths(specs, dims)
+    return lengths(specs, dims, door=False)
 
 
 def pad(inputs: Mapping[str, np.ndarray], dims: Sequence[PadDim], buckets: Mapping[str, int],

@@ -47,6 +47,9 @@ CONFIDENCE_Z = 4.0
 # half-window is decay, not chance; a leak that only pauses shows steep halves again as the
 # window moves on, and is recycled then.
 DECAYING = 0.5
+# The fewest samples in a window whose halves may show decay: fewer, and a noisy steady
+# leak's halves differ by chance (with trend_window 8, one leak in four was never recycled).
+MIN_DECAY_SAMPLES = 20
 
 
 class Action(Enum):
@@ -190,9 +193,11 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         if all(v is not None for v in vram):
             vram_per_job = fit(jobs, np.array(vram, dtype=float))
     seconds_to_limit = None
-    if last is not None and policy.max_memory is not None and per_second is not None \
-            and per_second.value > 0:
-        seconds_to_limit = max(0.0, (policy.max_memory - last.memory) / per_second.value)
+    # The recent half's rate when it is the steeper: a leak that speeds up (a per-job leak
+    # in a traffic burst) reaches the limit sooner than the whole window's slope says.
+    rate = max(per_second.value, per_second.second_half) if per_second is not None else 0.0
+    if last is not None and policy.max_memory is not None and rate > 0:
+        seconds_to_limit = max(0.0, (policy.max_memory - last.memory) / rate)
     lead = lead_seconds(window, facts, policy) if policy.max_memory is not None else None
     assessment = Assessment(
         memory=last.memory if last else None,
@@ -291,7 +296,10 @@ def _trend(a: Assessment, per_job: Slope | None, per_second: Slope | None,
     if a.memory is None:
         return None
     # A window not yet full has shorter halves: the decay asked of them is scaled to match.
+    # Halves of a few samples each cannot tell decay from noise: no exemption then.
     decaying = DECAYING ** (a.window / policy.trend_window) if a.window else DECAYING
+    if a.window < MIN_DECAY_SAMPLES:
+        decaying = 0.0
     checks = [
         (Reason.GROWTH_PER_1K_JOBS, per_job, policy.max_growth_per_1k_jobs, 1000, "per 1k jobs",
          policy.max_memory),

@@ -191,9 +191,12 @@ class Recycler:
             self._note_churn(worker, reason, now)
         self.requested.pop(worker.id, None)
         surge = state.config.policy.surge and not reason.over_limit
-        event = "worker_recycling" if first else "worker_draining_early"
-        log.info(event, **self.event(worker, reason, verdict, now), surge=surge,
-                 recycling_for=None if first else str(worker.reason))
+        # Draining early leaves the model a worker short until the replacement is ready:
+        # the policy's lead was too short for this leak (one that sped up, say).
+        emit = log.info if first else log.warning
+        emit("worker_recycling" if first else "worker_draining_early",
+             **self.event(worker, reason, verdict, now), surge=surge,
+             recycling_for=None if first else str(worker.reason))
         if surge:
             self.lifecycle.replace(worker, reason, now)
         else:

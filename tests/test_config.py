@@ -395,3 +395,14 @@ def test_reload_plan_names_changed_supervisor_settings() -> None:
     old = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 50}")
     new = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 3}")
     assert reloading.plan(old, new).summary() == {"settings": ["supervisor.max_queue"]}
+
+
+def test_a_lead_shorter_than_one_start_up_is_refused() -> None:
+    for lead in (0.01, 0.5, 0.99):
+        with pytest.raises(ConfigErrors) as raised:
+            parse_config(f"defaults: {{policy: {{trend_lead: {lead}}}}}\nmodels: {{m: "
+                         "{handler: 'a:b'}}", Path("/tmp/c.yaml"))
+        assert "trend_lead" in str(raised.value)
+    for lead in (0, 1, 3.5):
+        parse_config(f"defaults: {{policy: {{trend_lead: {lead}}}}}\nmodels: {{m: "
+                     "{handler: 'a:b'}}", Path("/tmp/c.yaml"))

@@ -350,3 +350,33 @@ def test_a_ramp_is_judged_alike_while_the_window_fills(tau: float) -> None:
     ramp = series(decaying(300 * MB, tau), n=200, noise=0.5 * MB, seed=1)
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
     assert all(action is Action.KEEP for _, action, _ in walk(ramp, policy, facts))
+
+
+def test_a_leak_that_speeds_up_is_projected_at_its_recent_rate() -> None:
+    # Per-job growth in a traffic burst: 0.05 MB/s, then 20x faster from t=300, 40 s from
+    # max_memory at the new rate. The whole window's slope lags the jump (recycled with ~14 s
+    # left: under the 15 s start-up); the projection takes the recent half when it is the
+    # steeper, and the replacement has its start-up before the limit.
+    policy = dataclasses.replace(POLICY, max_memory=BASE + 55 * MB, trend_confirmations=3,
+                                 max_growth_per_1k_jobs=None, max_growth_per_hour=100 * MB)
+
+    def memory(i: int) -> float:
+        return BASE + 0.05 * MB * min(i, 300) + 1.0 * MB * max(0, i - 300)
+
+    leak = series(memory, n=900, noise=0.2 * MB)
+    facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=0, jitter=0.0)
+    now, action, _ = walk(leak, policy, facts)[-1]
+    assert action is Action.RECYCLE
+    actually_left = (BASE + 55 * MB - memory(int(now))) / (1.0 * MB)
+    assert actually_left >= 20.0, actually_left
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_noisy_leak_is_recycled_with_the_shortest_window(seed: int) -> None:
+    # With trend_window 8 the halves have four samples: too few to tell decay from noise,
+    # so no decay exemption is given and a steady leak is always caught.
+    policy = dataclasses.replace(POLICY, trend_window=8, trend_confirmations=3,
+                                 max_growth_per_1k_jobs=None, max_growth_per_hour=360 * MB)
+    leak = series(lambda i: BASE + 0.3 * MB * i, n=2000, noise=3 * MB, seed=seed)  # 3x
+    facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
+    assert walk(leak, policy, facts)[-1][1] is Action.RECYCLE

@@ -78,7 +78,7 @@ def _unpack(runner: Runner, entry: JobEntry, replies: list[Message]) -> Part | N
         if inputs_known is not None:  # defence in depth: the door checked when it knew
             check_specs(inputs_known, parsed)
         if runner.padding:
-            lengths(parsed, runner.padding)
+            lengths(parsed, runner.padding, door=False)
         inputs = arrays_from(parsed, entry.arrays)
     except ProtocolError as exc:
         replies.append(error_message(entry.id, BAD_REQUEST, str(exc)))
