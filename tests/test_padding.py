@@ -331,3 +331,13 @@ def test_a_reload_that_changes_padding_or_warmup_replaces_the_workers() -> None:
         assert plan(old, new).replaced == ["enc"]
     same = parsed({"seq": {"inputs": {"ids": 1}, "sizes": [8, 16]}})
     assert plan(old, same).replaced == []
+
+
+def test_a_handlers_output_specs_leave_cut_axes_open() -> None:
+    from worker.warmup import output_specs
+
+    outputs = MaskedSum()({"ids": np.ones((2, 16), np.int32), "mask": np.ones((2, 16), np.int32)})
+    specs = {s.name: s.shape for s in output_specs(outputs, (MASKED,))}
+    assert specs == {"total": (None,), "states": (None, None), "mean": (None,)}
+    fixed = {s.name: s.shape for s in output_specs(outputs, ())}
+    assert fixed["states"] == (None, 16)

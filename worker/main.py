@@ -34,7 +34,6 @@ from supervisor.protocol import (
     encode,
     pack_results,
     signed,
-    wire_dtype,
 )
 from supervisor.spawn import ENV_VAR, SpawnError, WorkerSpec
 from supervisor.transport import recv, send
@@ -43,7 +42,7 @@ from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.probes import ProbeRecorder, keras_loop_traced
 from worker.runners import LoadError, Runner, load
-from worker.warmup import check_padding, verify, warm
+from worker.warmup import check_padding, output_specs, verify, warm
 
 PR_SET_PDEATHSIG = 1
 
@@ -139,8 +138,7 @@ def boot(spec: WorkerSpec) -> Runner:
     if runner.inputs is not None:
         outputs = warm(runner, spec.warmup_batch_sizes)
         if runner.outputs is None:
-            runner.outputs = [TensorSpec(n, wire_dtype(a), (None, *a.shape[1:]))
-                              for n, a in outputs.items()]
+            runner.outputs = output_specs(outputs, runner.padding)
         verify(runner)
         warn_keras_loop()
     return runner

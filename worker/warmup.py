@@ -16,7 +16,7 @@ import numpy as np
 
 from supervisor import logs
 from supervisor.padding import PadDim, cut, fits_dtype, pad
-from supervisor.protocol import TensorSpec
+from supervisor.protocol import TensorSpec, wire_dtype
 from supervisor.strings import STRING
 from worker.runners import Arrays, LoadError, Runner
 
@@ -130,6 +130,15 @@ def _check_cut_axes(dims: tuple[PadDim, ...], outputs: Arrays, sizes: dict[str, 
                                 f"{array.shape} at length {sizes[dim.name]}, so its axis "
                                 f"{axis} does not follow the padded length; name only outputs "
                                 f"that do under padding.{dim.name}.outputs")
+
+
+def output_specs(outputs: Arrays, dims: tuple[PadDim, ...]) -> list[TensorSpec]:
+    """Specs of a handler's outputs, from one warm-up call: any batch size, and any length
+    on an axis cut back to each job's own."""
+    cut_axes = {(name, axis) for dim in dims for name, axis in dim.outputs.items()}
+    return [TensorSpec(name, wire_dtype(array), tuple(
+        None if i == 0 or (name, i) in cut_axes else d for i, d in enumerate(array.shape)))
+        for name, array in outputs.items()]
 
 
 def verify(runner: Runner) -> None:
