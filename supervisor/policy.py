@@ -104,9 +104,10 @@ class Assessment:
     growth_per_1k_jobs: float | None = None  # bytes
     growth_per_hour: float | None = None  # bytes
     vram_growth_per_1k_jobs: float | None = None
-    seconds_to_limit: float | None = None  # at the current time slope, to max_memory
-    # How close to max_memory a trend may let the worker come (trend_lead x its start-up
-    # plus the confirmations' polls): a trend recycle waits until seconds_to_limit is under it.
+    # To max_memory, at the steeper of the window's time slope and its recent half's.
+    seconds_to_limit: float | None = None
+    # How close to max_memory a trend may let the worker come (lead_seconds below): a trend
+    # recycle waits until seconds_to_limit is under it.
     lead_seconds: float | None = None
 
     def fields(self) -> dict[str, Any]:
