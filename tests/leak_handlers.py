@@ -11,6 +11,9 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
 - ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it.
 - ``array_cache``: keeps a 32 KiB numpy array per call in a dict that is never evicted.
 - ``keras_predict``: the demo MLP called with ``model.predict()`` per call.
+- ``keras_encoder_predict``: a Keras transformer encoder over ``input_ids: int32[None, None]``
+  called with ``model.predict()`` per call, as a text service is often first written: memory
+  ramps over the first minute of mixed lengths, then levels off (bench/predict_ramp.py).
 - :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
   embedding, mean-pooled), to be served with many sequence lengths.
 
@@ -123,6 +126,37 @@ class KerasPredict:
 
     def __call__(self, inputs: Arrays) -> Arrays:
         return {"probability": np.asarray(self.model.predict(inputs["features"], verbose=0))}
+
+
+class KerasEncoderPredict:
+    """A Keras transformer encoder (random weights; ``layers`` blocks of ``width`` with
+    ``heads`` heads over a ``vocab`` embedding, mean-pooled) through ``model.predict()`` on
+    every call."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        import keras
+
+        width, heads = int(options.get("width", 256)), int(options.get("heads", 4))
+        keras.utils.set_random_seed(int(options.get("seed", 0)))
+        ids = keras.Input((None,), dtype="int32", name="input_ids")
+        h = keras.layers.Embedding(int(options.get("vocab", 30_000)), width)(ids)
+        for _ in range(int(options.get("layers", 6))):
+            attended = keras.layers.MultiHeadAttention(heads, width // heads)(h, h)
+            h = keras.layers.LayerNormalization()(h + attended)
+            up = keras.layers.Dense(4 * width, activation="gelu")(h)
+            h = keras.layers.LayerNormalization()(h + keras.layers.Dense(width)(up))
+        pooled = keras.layers.GlobalAveragePooling1D()(h)
+        self.model = keras.Model(ids, {"pooled": pooled})
+        self.inputs = [TensorSpec("input_ids", "int32", (None, None))]
+        self.outputs = None
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        out = self.model.predict(inputs["input_ids"], verbose=0)
+        return {"pooled": np.asarray(out["pooled"])}
+
+
+def keras_encoder_predict(options: dict[str, Any]) -> KerasEncoderPredict:
+    return KerasEncoderPredict(options)
 
 
 def retrace_shapes(options: dict[str, Any]) -> _Dense:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -300,3 +301,43 @@ def test_a_handler_may_ask_to_be_replaced(supervisor_factory: Any) -> None:
                           "two requested recycles")
     assert status["models"]["m"]["available"]
     assert '"exit": "exit 4 (RECYCLE)"' in sup.log()
+
+
+def _first_recycle(sup: Any, model: str) -> dict[str, Any] | None:
+    for line in sup.log().splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == "worker_recycling" and event.get("model") == model:
+                return dict(event)
+    return None
+
+
+def test_a_leak_with_max_memory_serves_near_the_limit_under_the_default_lead(
+        supervisor_factory: Any) -> None:
+    # The same linear leak twice, towards the same max_memory: with the default trend_lead
+    # (3 start-ups) the worker serves until the time left is what its replacement needs;
+    # with trend_lead 0 it is recycled at its first confirmed trend, far from the limit.
+    max_memory = 220 * MB
+    policy = {"warmup_jobs": 20, "warmup_seconds": "0.5s", "trend_window": 20,
+              "trend_confirmations": 2, "max_growth_per_1k_jobs": "20MiB",
+              "max_growth_per_hour": None, "max_memory": max_memory, "min_lifetime": "1s"}
+    model = {"handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+             "options": {"bytes_per_job": 64 * 1024, "delay": JOB_DELAY,
+                         "startup_seconds": 1.0}}
+    sup = supervisor_factory({"supervisor": {"poll_interval": f"{POLL}s"}, "models": {
+        "patient": {**model, "policy": policy},
+        "eager": {**model, "policy": {**policy, "trend_lead": 0}}}})
+    with Load(sup, ["patient", "eager"], threads=3) as load:
+        sup.wait_for(lambda _: all(_first_recycle(sup, m) for m in ("patient", "eager")), 120,
+                     "a recycle of each pool")
+    assert load.failures == [], load.failures[:5]
+    patient, eager = (_first_recycle(sup, m) for m in ("patient", "eager"))
+    assert patient is not None and eager is not None
+
+    def used(event: dict[str, Any]) -> float:  # share of its headroom the worker served
+        return float((event["memory"] - event["baseline"]) / (max_memory - event["baseline"]))
+
+    assert patient["reason"] == eager["reason"] == "growth_per_1k_jobs", (patient, eager)
+    assert patient["seconds_to_limit"] <= patient["lead_seconds"], patient
+    assert used(patient) > 0.5, patient
+    assert used(eager) < used(patient), (eager, patient)
