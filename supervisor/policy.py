@@ -3,7 +3,9 @@
 No clocks, no I/O: the time is passed in. How a trend is judged (docs/policy.md):
 
 - Only samples after warm-up count (both ``warmup_jobs`` and ``warmup_seconds`` passed),
-  the last ``trend_window`` of them, and at least half a window.
+  the last ``trend_window`` of them: a full window without ``max_memory`` (nothing is
+  urgent, and a ramp that levels off within it shows a flat second half), at least half
+  a window with it (the time to the limit says when to act).
 - The slope is Theil-Sen (median of pairwise slopes), so one spike moves it little.
 - A trend is *confident* only when both halves of the window, fitted on their own, are
   over the limit too. A step (flat, jump, flat) has two flat halves; a warm-up ramp that
@@ -182,7 +184,7 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     last = samples[-1] if samples else None
     after = warmed_up(samples, facts, policy)
     window = after[-policy.trend_window:]
-    enough = len(window) >= max(MIN_TREND_SAMPLES, policy.trend_window // 2)
+    enough = len(window) >= window_needed(policy)
     per_job = per_second = vram_per_job = None
     if enough:
         jobs = np.array([s.jobs for s in window], dtype=float)
@@ -214,6 +216,17 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         lead_seconds=lead,
     )
     return assessment, per_job, per_second, vram_per_job
+
+
+def window_needed(policy: PolicyConfig) -> int:
+    """Warmed-up samples a trend is fitted on at the least. Without max_memory nothing is
+    urgent: a full window, so a ramp that levels off within it shows its flat second half
+    (Keras ``predict()``'s ramp on an encoder stopped abruptly ~60 s after ready, a minute
+    after a half window had called it a leak). With max_memory, half a window: the time to
+    the limit says when to act."""
+    if policy.max_memory is None:
+        return max(MIN_TREND_SAMPLES, policy.trend_window)
+    return max(MIN_TREND_SAMPLES, policy.trend_window // 2)
 
 
 def lead_seconds(window: Sequence[Sample], facts: WorkerFacts,

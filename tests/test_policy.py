@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,9 +143,13 @@ def test_no_trend_judgement_before_warmup() -> None:
     assert decide(leak, by_jobs)[0] is Action.KEEP
     by_time = dataclasses.replace(POLICY, warmup_seconds=3600)
     assert decide(leak, by_time)[0] is Action.KEEP
-    # ... but half a window after warm-up, it is judged
-    partly = dataclasses.replace(POLICY, warmup_seconds=55)
-    assert decide(leak, partly)[0] is Action.RECYCLE
+    # ... but a full window after warm-up, it is judged: without max_memory nothing is
+    # urgent, and half a window (35 samples) is not enough ...
+    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=55))[0] is Action.KEEP
+    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=29))[0] is Action.RECYCLE
+    # ... while with max_memory, half a window is (the time to the limit decides when).
+    near = dataclasses.replace(POLICY, warmup_seconds=55, max_memory=BASE + 460 * MB)
+    assert decide(leak, near)[0] is Action.RECYCLE
 
 
 def test_hard_limits_apply_during_warmup() -> None:
@@ -344,8 +350,8 @@ def test_the_lead_waits_for_every_turn_of_recycles_ahead() -> None:
 
 @pytest.mark.parametrize("tau", [10.0, 20.0, 30.0])
 def test_a_ramp_is_judged_alike_while_the_window_fills(tau: float) -> None:
-    # The decay asked of the halves scales with the window: a ramp with a 10-30 s time
-    # constant is left alone from the first judged (half-full) window of 60 on, at every poll.
+    # A ramp with a 10-30 s time constant is left alone from the first judged window of 60
+    # on, at every poll.
     policy = dataclasses.replace(POLICY, trend_window=60, trend_confirmations=3)
     ramp = series(decaying(300 * MB, tau), n=200, noise=0.5 * MB, seed=1)
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
@@ -377,6 +383,42 @@ def test_a_noisy_leak_is_recycled_with_the_shortest_window(seed: int) -> None:
     # so no decay exemption is given and a steady leak is always caught.
     policy = dataclasses.replace(POLICY, trend_window=8, trend_confirmations=3,
                                  max_growth_per_1k_jobs=None, max_growth_per_hour=360 * MB)
-    leak = series(lambda i: BASE + 0.3 * MB * i, n=2000, noise=3 * MB, seed=seed)  # 3x
+    # Eight noisy samples give a 3x leak little power: it is caught after 35 to 2,281 polls
+    # (seed 8 the latest), so the series is long enough for every seed.
+    leak = series(lambda i: BASE + 0.3 * MB * i, n=3000, noise=3 * MB, seed=seed)  # 3x
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
     assert walk(leak, policy, facts)[-1][1] is Action.RECYCLE
+
+
+# --- a real series -------------------------------------------------------------------------
+
+def recorded_ramp(worker: str) -> list[Sample]:
+    """One worker's ready samples from bench/predict_ramp.py (Keras predict() per job on a
+    transformer encoder, default policy, 1 s poll), copied to tests/data so that rerunning
+    the bench does not change the test. Times are ages: spawn at 0."""
+    rows = json.loads((Path(__file__).parent / "data" / "predict_ramp_samples.json")
+                      .read_text())["rows"]
+    return [Sample(t=r["age"], jobs=r["jobs"], memory=r["memory"])
+            for r in rows if r["worker"] == worker and r["state"] == "ready"]
+
+
+@pytest.mark.parametrize("worker", ["predict-1", "predict-2"])
+def test_the_recorded_predict_ramp_is_kept_by_the_defaults(worker: str) -> None:
+    # Both workers rose ~300 MiB after ready (~700 MiB per 1k jobs at first) and levelled off
+    # abruptly ~400 jobs in; predict-1 was recycled at 75 s by the half-window rule, before
+    # its ramp ended. Without max_memory a full window is judged: its second half is flat.
+    samples = recorded_ramp(worker)
+    facts = WorkerFacts(started_at=0.0, ready_at=samples[0].t, jobs=0, jitter=0.0)
+    assert all(action is Action.KEEP for _, action, _ in walk(samples, PolicyConfig(), facts))
+
+
+def test_the_recorded_ramp_kept_up_is_recycled_by_the_defaults() -> None:
+    # The same worker's first 40 s after ready, its growth kept up for the rest of the run
+    # (a leak of the same rate), is recycled: the test above can fail.
+    samples = recorded_ramp("predict-2")
+    first, cut = samples[0], next(s for s in samples if s.t - samples[0].t >= 40)
+    per_job = (cut.memory - first.memory) / (cut.jobs - first.jobs)
+    leak = [s if s.t <= cut.t else dataclasses.replace(
+        s, memory=int(cut.memory + per_job * (s.jobs - cut.jobs))) for s in samples]
+    facts = WorkerFacts(started_at=0.0, ready_at=first.t, jobs=0, jitter=0.0)
+    assert walk(leak, PolicyConfig(), facts)[-1][1] is Action.RECYCLE
