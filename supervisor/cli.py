@@ -228,7 +228,60 @@ def cmd_reload(args: argparse.Namespace) -> int:
         return 1
     print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
                           or "no changes"))
-    return 0
+    starting = [*result.get("added", []), *result.get("replaced", [])]
+    if starting and args.wait is None:
+        print(f"new workers are starting for {', '.join(starting)}; a model whose new workers "
+              "fail to load keeps its old ones serving (see `tfsupervisor status`, or reload "
+              "with --wait SECONDS)")
+    if not starting or args.wait is None:
+        return 0
+    return _wait_for_workers(endpoint, starting, args)
+
+
+def _wait_for_workers(endpoint: str, models: list[str], args: argparse.Namespace) -> int:
+    """After a reload: until every named model serves on new workers only (0), or one's new
+    workers fail to start (1: the old ones serve on), or --wait runs out (1)."""
+    from supervisor.client import JobError, control
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            status = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
+        except JobError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        failed = reload_failures(status, models)
+        if failed:
+            for name, error in failed.items():
+                print(f"error: {name}: new workers fail to start (the old ones serve on): "
+                      f"{error}", file=sys.stderr)
+            return 1
+        waiting = [m for m in models if not reload_settled(status["models"].get(m))]
+        if not waiting:
+            print(f"serving on new workers: {', '.join(models)}")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"error: still starting after {args.wait:g}s: {', '.join(waiting)}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+
+
+def reload_failures(status: dict[str, Any], models: list[str]) -> dict[str, str]:
+    """Models (of those named) whose workers failed to start since, with the error."""
+    return {m: str(s["last_error"]) for m in models
+            if (s := status["models"].get(m)) is not None and s.get("last_error")}
+
+
+def reload_settled(model: dict[str, Any] | None) -> bool:
+    """Every worker ready and staying, as many as configured: nothing left of the reload."""
+    if model is None:
+        return True  # removed again since: nothing to wait for
+    workers = model["workers"]
+    staying = [w for w in workers if not (w.get("recycle_reason") or w.get("recycle_requested")
+                                          or w.get("recycle_held_back"))]
+    return len(staying) == len(workers) and len(workers) >= model["configured_workers"] \
+        and all(w["state"] == "ready" for w in workers)
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
@@ -342,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
                  "for the outcome (exit 1 if it was rejected).")
     reload.add_argument("--timeout", type=float, default=30.0)
+    reload.add_argument("--wait", type=float, metavar="SECONDS",
+                        help="then wait up to this long for the new workers of added and "
+                        "replaced models: exit 1 if they fail to start or are not ready in time")
     demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
                config=False)
     demo.add_argument("path", nargs="?", default="models/demo")

@@ -15,7 +15,7 @@ import yaml
 
 from supervisor.batching import BatchPolicy
 from supervisor.padding import PadDim, from_config
-from supervisor.protocol import MAX_BATCH_JOBS, MAX_NAME
+from supervisor.protocol import MAX_BATCH_JOBS, MAX_NAME, MAX_NDIM
 from supervisor.settings import (
     Bool,
     Choice,
@@ -84,7 +84,8 @@ class PolicyConfig:
         Duration(), 86400.0,
         "Growth projected to stay under max_memory for this long is not acted on.")
     trend_lead: float = setting(
-        Float(0.0, 100.0), 3.0, "With max_memory set, a growth trend recycles only once the "
+        Float(0.0, 100.0, expected="0 (off), or a number >= 1 and <= 100"), 3.0,
+        "With max_memory set, a growth trend recycles only once the "
         "projected time to max_memory is under this many times the worker's own start-up (plus the "
         "confirmations' polls): a worker lives as long as it safely can. 0: act as soon as "
         "the trend is confirmed (within trend_horizon); otherwise at least 1.")
@@ -171,17 +172,17 @@ class PaddingConfig:
     """One variable-length dimension padded up to allowed sizes (docs/batching.md)."""
 
     inputs: dict[str, int] = setting(
-        MapOf(Int(1), key_pattern=INPUT_NAME), {}, "The inputs that have this dimension, "
-        "each with its axis (1 or more: axis 0 is the batch).")
+        MapOf(Int(1, MAX_NDIM - 1), key_pattern=INPUT_NAME), {}, "The inputs that have this "
+        "dimension, each with its axis (1 or more: axis 0 is the batch).")
     sizes: tuple[int, ...] = setting(
         ListOf(Int(1, MAX_PAD_SIZE), min_items=1), [1], "Lengths a job is padded up to "
-        "(e.g. 32, 64, 128, 256, 512); a longer job is refused bad_request.")
+        "(e.g. 32, 64, 128, 256, 512; in any order); a longer job is refused bad_request.")
     value: float = setting(
-        Float(-1e300), 0.0, "What padded positions hold (cast to each input's dtype, which "
-        "must hold it exactly).")
+        Float(-1e300, 1e300, expected="a finite number"), 0.0, "What padded positions hold "
+        "(cast to each input's dtype, which must hold it exactly; unused with changes_outputs).")
     outputs: dict[str, int] = setting(
-        MapOf(Int(1), key_pattern=INPUT_NAME), {}, "Outputs with an axis that follows this "
-        "dimension, each with that axis: cut back to each job's own length.")
+        MapOf(Int(1, MAX_NDIM - 1), key_pattern=INPUT_NAME), {}, "Outputs with an axis that "
+        "follows this dimension, each with that axis: cut back to each job's own length.")
     mask_input: str | None = setting(
         Optional(Str()), None, "An input the worker generates (int32, rows x padded length: 1 "
         "real, 0 padded) for models that take a mask; clients do not send it.")

@@ -136,6 +136,9 @@ class Controller:
                 # a trend recycles once seconds_to_limit is under this (policy.trend_lead)
                 "lead_seconds": a.lead_seconds,
                 "recycle_reason": str(worker.reason) if worker.reason else None,
+                # asked for (an operator, a reload), to start at the next poll
+                "recycle_requested": str(requested) if (requested := self.core.recycler
+                                                         .requested.get(worker.id)) else None,
                 # why it grows, once its trend is judged suspect (diagnosis.py)
                 "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
                 "suspected": worker.diagnosis.summary if worker.diagnosis else None}

@@ -53,6 +53,8 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
 def _model_note(name: str, model: dict[str, Any]) -> str:
     recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
     state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    if model["available"] and model.get("last_error"):  # old workers serve on meanwhile
+        state += f"; NEW WORKERS FAIL TO START: {model['last_error']} (retried with back-off)"
     last = model.get("last_recycle")
     last_text = f"; last: {last['reason']} ({last['worker']}, " \
                 f"{format_duration(last['seconds_ago'])} ago)" if last else ""

@@ -103,12 +103,20 @@ class Int(Kind):
 
 
 class Float(Kind):
-    def __init__(self, minimum: float = 0.0, maximum: float | None = None) -> None:
+    def __init__(self, minimum: float = 0.0, maximum: float | None = None,
+                 expected: str | None = None) -> None:
         self.minimum, self.maximum = minimum, maximum
         upper = f" and <= {maximum}" if maximum is not None else ""
-        self.expected = f"a number >= {minimum}{upper}"
+        # ``expected``: where a check() narrows the range further, the docs say so too
+        self.expected = expected or f"a number >= {minimum}{upper}"
 
     def parse(self, value: object, path: str) -> float:
+        if isinstance(value, str) and _number_text(value):
+            # YAML 1.1 reads 1e3 (no dot, no sign) as text: say so, not just "expected a number"
+            why = "YAML 1.1 reads an exponent without a dot and a sign as text; write 1.0e+3, " \
+                "or the number in full" if "e" in value.lower() else "write it without quotes"
+            raise ConfigError(path, f"expected {self.expected}, got the string {_got(value)}: "
+                              f"{why}")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(value, path)
         try:
@@ -126,6 +134,15 @@ class Float(Kind):
         if self.maximum is not None:
             out["maximum"] = self.maximum
         return out
+
+
+def _number_text(value: str) -> bool:
+    """Text that Python reads as a finite number (not "nan" or "inf": those have no
+    unquoted spelling that would help)."""
+    try:
+        return len(value) < 64 and math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 class Bool(Kind):

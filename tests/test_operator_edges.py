@@ -229,6 +229,32 @@ def test_status_top_and_recycle_reach_the_daemon_through_a_broken_config(
     assert out.returncode == 0, out.stderr
 
 
+def test_a_reload_whose_new_workers_cannot_load_says_so_and_keeps_the_old_ones(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    config = yaml.safe_load(sup.config_path.read_text())
+    # valid as a file (check passes), but no worker can ever load it
+    config["models"]["m"]["handler"] = "worker.handlers:no_such_handler"
+    sup.config_path.write_text(yaml.safe_dump(config))
+    out = _cli("reload", "-c", str(sup.config_path), "--wait", "60", timeout=90)
+    assert out.returncode == 1, out
+    assert "m: new workers fail to start (the old ones serve on)" in out.stderr, out.stderr
+    assert "no_such_handler" in out.stderr
+    with sup.client() as client:  # the old worker serves on
+        assert client.infer("m", X)["x"].shape == (1, 4)
+    shown = _cli("status", "-c", str(sup.config_path))
+    assert "NEW WORKERS FAIL TO START" in shown.stdout, shown.stdout
+    # put right: the next reload's new workers start, and --wait says so
+    config["models"]["m"]["handler"] = "worker.handlers:echo"
+    config["models"]["m"]["options"] = {"changed": True}
+    sup.config_path.write_text(yaml.safe_dump(config))
+    out = _cli("reload", "-c", str(sup.config_path), "--wait", "60", timeout=90)
+    assert out.returncode == 0, out
+    assert "serving on new workers: m" in out.stdout
+    status = sup.status()["models"]["m"]
+    assert status["last_error"] is None and len(status["workers"]) == 1
+
+
 def test_doors_are_read_leniently(workdir: Path) -> None:
     config = workdir / "config.yaml"
     config.write_text("supervisor: {runtime_dir: rt, admin: 'ipc://{runtime_dir}/a.sock', "

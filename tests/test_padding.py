@@ -119,6 +119,10 @@ def config(padding: Any, **model: Any) -> str:
     ({"a": {"inputs": {"x": 1}, "sizes": [8], "mask_input": "m"},
       "b": {"inputs": {"y": 1}, "sizes": [4], "mask_input": "m"}}, "models.enc.padding.b"),
     ({"seq": {"inputs": {"ids": 1}, "sizes": [10**12]}}, "models.enc.padding.seq.sizes[0]"),
+    # past the protocol's 8 dimensions: no array could have that axis
+    ({"seq": {"inputs": {"ids": 8}, "sizes": [8]}}, "models.enc.padding.seq.inputs.ids"),
+    ({"seq": {"inputs": {"ids": 1}, "sizes": [8], "outputs": {"t": 9}}},
+     "models.enc.padding.seq.outputs.t"),
     ({"a": {"inputs": {"x": 1}, "sizes": list(range(1, 20))},
       "b": {"inputs": {"y": 1}, "sizes": list(range(1, 20))}}, "models.enc.padding"),
 ])
@@ -294,6 +298,11 @@ def test_padding_that_does_not_fit_the_model_is_a_load_error(dim: PadDim, messag
         check_padding(runner(MaskedSum(), dim))
 
 
+def test_the_pad_value_is_not_held_to_the_dtype_when_lengths_are_not_padded() -> None:
+    # changes_outputs: true batches equal lengths only; the value is never written.
+    check_padding(runner(MaskedSum(), dataclasses.replace(MASKED, value=0.5, pads=False)))
+
+
 def test_an_output_named_to_be_cut_must_follow_the_padded_length() -> None:
     # 'total' is [rows]: it has no axis 1; even with verify off, warm-up refuses it.
     dim = dataclasses.replace(MASKED, outputs={"total": 1}, verify=False)
@@ -341,3 +350,15 @@ def test_a_handlers_output_specs_leave_cut_axes_open() -> None:
     assert specs == {"total": (None,), "states": (None, None), "mean": (None,)}
     fixed = {s.name: s.shape for s in output_specs(outputs, ())}
     assert fixed["states"] == (None, 16)
+
+
+def test_an_exponent_yaml_reads_as_text_is_named_so() -> None:
+    text = "models:\n  enc:\n    handler: m:f\n    padding:\n      seq:\n" \
+           "        inputs: {ids: 1}\n        sizes: [8]\n        value: 1e3\n"
+    with pytest.raises(ConfigErrors) as raised:
+        parse_config(text, Path("/tmp/c.yaml"))
+    error = raised.value.errors[0]
+    assert error.path == "models.enc.padding.seq.value"
+    assert "YAML 1.1 reads an exponent without a dot and a sign as text" in str(error), error
+    assert parse_config(text.replace("1e3", "1.0e+3"), Path("/tmp/c.yaml")) \
+        .models["enc"].padding["seq"].value == 1000.0

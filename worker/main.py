@@ -127,7 +127,7 @@ def read_spec(worker_id: str, model: str) -> WorkerSpec | None:
 
 
 def boot(spec: WorkerSpec) -> Runner:
-    """Configure TF, load the model, warm up every shape (proving padding harmless);
+    """Configure TF, load the model, prove padding harmless, warm up every shape;
     LoadError if any step fails."""
     runtime.export_environment(spec.tf)
     if spec.source != "handler" or spec.tf["gpu_memory_limit"]:
@@ -136,10 +136,12 @@ def boot(spec: WorkerSpec) -> Runner:
     runner.padding = spec.pad_dims()
     check_padding(runner)
     if runner.inputs is not None:
+        # Proven before the warm-up: a padding the model cannot take fails in two calls,
+        # not after up to hundreds of warm-up shapes, each time the start is retried.
+        verify(runner)
         outputs = warm(runner, spec.warmup_batch_sizes)
         if runner.outputs is None:
             runner.outputs = output_specs(outputs, runner.padding)
-        verify(runner)
         warn_keras_loop()
     return runner
 
