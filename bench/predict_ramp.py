@@ -11,8 +11,9 @@ age are read from ``status``.
 Reported: memory at ready, after the first minute and over the rest, and the recycles the
 live supervisor made (none is the figure issue 12 asks for). The 2026-12-03 run, when a
 trend was judged on half a window, recycled the first worker once, its replacement not; the
-2026-12-04 run, on a full window without max_memory, none in 300 s (3,617 jobs). The samples are written to
-``bench/results/predict_ramp_samples.json``, a real series for the policy's tests.
+2026-12-04 run, on a full window without max_memory, none in 300 s (3,617 jobs). The
+samples are written to ``bench/results/predict_ramp_samples.json``, a real series for the
+policy's tests.
 
     python -m bench.predict_ramp [--seconds 180] [--quick]
 """
