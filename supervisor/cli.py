@@ -228,19 +228,22 @@ def cmd_reload(args: argparse.Namespace) -> int:
         return 1
     print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
                           or "no changes"))
-    starting = [*result.get("added", []), *result.get("replaced", [])]
+    starting = [*result.get("added", []), *result.get("replaced", []),
+                *result.get("retried", [])]
     if starting and args.wait is None:
         print(f"new workers are starting for {', '.join(starting)}; a model whose new workers "
               "fail to load keeps its old ones serving (see `tfsupervisor status`, or reload "
               "with --wait SECONDS)")
-    if not starting or args.wait is None:
+    if args.wait is None:
         return 0
-    return _wait_for_workers(endpoint, starting, args)
+    return _wait_for_workers(endpoint, args)
 
 
-def _wait_for_workers(endpoint: str, models: list[str], args: argparse.Namespace) -> int:
-    """After a reload: until every named model serves on new workers only (0), or one's new
-    workers fail to start (1: the old ones serve on), or --wait runs out (1)."""
+def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
+    """After a reload: until every model serves on workers of the settings now in force (0),
+    or one's new workers fail to start (1: the old ones serve on), or --wait runs out (1).
+    Every model is waited for, not only those this reload changed: a repeated reload must
+    not call a replacement that an earlier one left failing or unfinished a success."""
     from supervisor.client import JobError, control
 
     deadline = time.monotonic() + args.wait
@@ -250,15 +253,18 @@ def _wait_for_workers(endpoint: str, models: list[str], args: argparse.Namespace
         except JobError as exc:
             print(f"error: {exc.message}", file=sys.stderr)
             return 1
+        models = [m for m, s in status["models"].items() if not s.get("removed")]
         failed = reload_failures(status, models)
         if failed:
             for name, error in failed.items():
-                print(f"error: {name}: new workers fail to start (the old ones serve on): "
-                      f"{error}", file=sys.stderr)
+                serving = "the old ones serve on" if status["models"][name]["available"] \
+                    else "nothing serves it"
+                print(f"error: {name}: new workers fail to start ({serving}): {error}",
+                      file=sys.stderr)
             return 1
         waiting = [m for m in models if not reload_settled(status["models"].get(m))]
         if not waiting:
-            print(f"serving on new workers: {', '.join(models)}")
+            print(f"serving on workers of the current settings: {', '.join(models)}")
             return 0
         if time.monotonic() >= deadline:
             print(f"error: still starting after {args.wait:g}s: {', '.join(waiting)}",

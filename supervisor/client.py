@@ -107,7 +107,7 @@ def outcome(msg: Message) -> dict[str, np.ndarray]:
         raise error_from(msg.header)
     if msg.kind != RESULT:
         raise InternalError(f"unexpected reply kind {msg.kind!r}")
-    return unpack_arrays(msg.header.get("outputs"), msg.arrays)
+    return unpack_arrays(msg.header.get("outputs"), msg.arrays, field="outputs")
 
 
 def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = True,
@@ -281,14 +281,20 @@ def control(endpoint: str, command: str, timeout: float = 10.0, *,
             **args: Any) -> Any:
     """Send one control command (status, recycle, reload) and return its result; raises
     JobError. A TCP control endpoint needs the CURVE keys."""
+    # An ipc endpoint with no socket file has no daemon behind it: say so now rather than
+    # after the whole timeout (ZeroMQ would wait for the file to appear).
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    if path is not None and not path.startswith("@") and not os.path.exists(path):
+        raise NoReply(f"no socket at {endpoint} (is the supervisor running, with this "
+                      "config?)")
     context: zmq.Context[Any] = zmq.Context.instance()
     curve = curve_keys(server_key, client_cert)
     sock = _dealer(context, [endpoint], immediate=False, curve=curve)
     try:
         sock.send_multipart(encode(Message(CONTROL, b"", {"command": command, **args})))
         if not sock.poll(int(timeout * 1000)):
-            raise NoReply(f"no reply from the control endpoint {endpoint} within {timeout:g}s "
-                          "(is the supervisor running?)")
+            raise NoReply(f"no reply from {endpoint} within {timeout:g}s (is the supervisor "
+                          "running?)")
         reply = decode(sock.recv_multipart())
     finally:
         sock.close(linger=0)

@@ -52,6 +52,12 @@ MAX_WARMUP_SHAPES = 256
 INPUT_NAME = rf"^[^\x00]{{1,{MAX_NAME}}}$"
 # A config file larger than this is not a config file (and is not read whole into memory).
 MAX_CONFIG_BYTES = 16 * 1024**2
+# Bounds past which a value is a typo, not a setting: a poll reads every worker's /proc
+# files (faster is a busy loop), a batch that waits a minute for company is a stuck queue,
+# and a model with more workers than this would not fit a machine (each loads TensorFlow).
+MIN_POLL_INTERVAL = 0.05
+MAX_BATCH_TIMEOUT_MS = 60_000.0
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -153,8 +159,9 @@ class BatchingConfig:
         Int(1, MAX_BATCH_JOBS), 32, "Most rows in one batch; 1 turns batching off (handlers "
         "that cannot batch).")
     batch_timeout_ms: float = setting(
-        Float(0.0), 0.0, "How long a partial batch may wait for more jobs; 0: dispatch at "
-        "once (batches then form only under load, and no latency is added).")
+        Float(0.0, MAX_BATCH_TIMEOUT_MS), 0.0, "How long a partial batch may wait for more "
+        "jobs; 0: dispatch at once (batches then form only under load, and no latency is "
+        "added). At most 60000 (a minute).")
     allowed_batch_sizes: tuple[int, ...] | None = setting(
         Optional(ListOf(Int(1), min_items=1)), None, "Sizes a batch is padded up to; default "
         "powers of two up to max_batch_size. Fewer shapes, less TF memory growth.")
@@ -224,7 +231,8 @@ class ModelConfig:
         "callable from dict of arrays to dict of arrays.")
     signature: str = setting(Str(), "serving_default", "SavedModel signature to serve.")
     options: dict[str, Any] = setting(FreeMap(), {}, "Passed to the handler factory.")
-    workers: int = setting(Int(1), 1, "Worker processes serving this model.")
+    workers: int = setting(Int(1, MAX_WORKERS), 1, "Worker processes serving this model "
+                           "(at most 256).")
     required: bool = setting(
         Bool(), True, "Whether the daemon is ready (systemd READY=1, `status --ready`) only "
         "once this model has its ready workers. false: a model that cannot load does not "
@@ -376,7 +384,8 @@ class SupervisorSection:
         Optional(Str()), None, "Directory for ipc sockets; default $RUNTIME_DIRECTORY, "
         "else ./run beside the config file.")
     poll_interval: float = setting(
-        Duration(), 1.0, "How often worker memory is sampled and policies evaluated.")
+        Duration(MIN_POLL_INTERVAL), 1.0, "How often worker memory is sampled and policies "
+        "evaluated (at least 50ms: each poll reads every worker's /proc files).")
     max_queue: int = setting(
         Int(1), 1000, "Jobs a model may hold, queued and running, before 'overloaded'.")
     max_queue_bytes: int = setting(

@@ -100,6 +100,10 @@ class Controller:
                 "limits": {str(r): v for r, v in byte_limits(state.config.policy)},
                 "policy_too_tight": state.churn >= 2,
                 "available": pool.available(name),
+                # its workers fail to start (last_error says why); retried with back-off
+                "failing_to_start": state.unavailable,
+                # dropped by a reload: finishing its queue, then gone
+                "removed": state.removed,
                 "last_error": state.last_error,
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),

@@ -158,7 +158,7 @@ class Core:
         door = self.doors.get(model)
         if door is None:
             door = self.doors[model] = Door()
-        dims = state.config.pad_dims
+        dims = state.serving_dims if state.serving_dims is not None else state.config.pad_dims
         try:  # from the header and the frame lengths alone: no array is built at the door
             specs = door.check(msg.header.get("inputs"), msg.arrays, state.inputs,
                                self.limits.max_elements)
@@ -270,8 +270,8 @@ class Core:
         if worker.state is not State.STARTING:
             return  # told to stop meanwhile, or said twice: it never turns ready again
         try:
-            inputs = _specs(header.get("inputs"))
-            outputs = _specs(header.get("outputs"))
+            inputs = _specs(header.get("inputs"), "inputs")
+            outputs = _specs(header.get("outputs"), "outputs")
         except ProtocolError as exc:
             self._broke(worker, f"bad ready message: {exc}", now)
             return
@@ -279,6 +279,7 @@ class Core:
         state = self.pool.models[worker.model]
         state.inputs = inputs if inputs is not None else state.inputs
         state.outputs = outputs if outputs is not None else state.outputs
+        state.serving_dims = worker.pad_dims
         log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
                  warmup_seconds=worker.warmup_seconds)
         # Judged before its first job: a fresh worker over max_memory never takes one.
@@ -445,15 +446,25 @@ class Core:
             state = self.pool.models[name]
             state.config, state.removed = config.models[name], False
         for name in changes.replaced:
-            # New settings deserve a try at once: the last ones' failures say nothing of them
-            # (and a stale error would read as this reload's).
-            state = self.pool.models[name]
-            state.failures, state.last_error, state.backoff_until = 0, None, 0.0
+            self._retry_at_once(name)
             self.recycler.request(name, None, Reason.RELOAD)
+        # A reload is also how an operator says "fixed it": a model still failing to start
+        # is tried again now, not at the end of its back-off.
+        changes.retried = [name for name, state in self.pool.models.items()
+                           if state.failures and not state.removed
+                           and name not in changes.replaced and name in config.models]
+        for name in changes.retried:
+            self._retry_at_once(name)
         for name in changes.removed:
             if name in self.pool.models:
                 self.pool.models[name].removed = True
         return changes
+
+    def _retry_at_once(self, name: str) -> None:
+        """New settings (or fixed files) deserve a try at once: the last failures say nothing
+        of them, and a stale error would read as this reload's."""
+        state = self.pool.models[name]
+        state.failures, state.last_error, state.backoff_until = 0, None, 0.0
 
 
 def _deadline(timeout_ms: object, now: float) -> float | None:
@@ -466,8 +477,8 @@ def _deadline(timeout_ms: object, now: float) -> float | None:
     return now + float(timeout_ms) / 1000.0
 
 
-def _specs(raw: object) -> list[TensorSpec] | None:
-    return None if raw is None else parse_specs(raw, allow_none=True)
+def _specs(raw: object, field: str) -> list[TensorSpec] | None:
+    return None if raw is None else parse_specs(raw, allow_none=True, field=field)
 
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:

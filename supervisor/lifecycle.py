@@ -47,7 +47,7 @@ class Lifecycle:
         if worker.state is State.STARTING:
             self.stop(worker, reason, now)
             return
-        worker.reason = worker.reason or reason
+        _leave(worker, reason)
         worker.state = State.DRAINING
         worker.drain_deadline = now + self.pool.models[worker.model].config.policy.drain_timeout
 
@@ -56,7 +56,7 @@ class Lifecycle:
         if worker.state in (State.STOPPING, State.GONE):
             return
         self._lose_jobs(worker, f"worker {worker.id} was stopped ({reason})", reason)
-        worker.reason = worker.reason or reason
+        _leave(worker, reason)
         worker.state = State.STOPPING
         worker.stop_deadline = now + STOP_GRACE
         self.outbox.append(Stop(worker.id))
@@ -66,7 +66,7 @@ class Lifecycle:
         if worker.state is State.GONE or worker.killed:
             return
         worker.kill_reason = reason
-        worker.reason = worker.reason or reason
+        _leave(worker, reason)
         worker.state = State.STOPPING
         worker.stop_deadline = None
         self._lose_jobs(worker, f"worker {worker.id} was killed ({reason})", reason)
@@ -204,11 +204,12 @@ class Lifecycle:
         replaced = [w for w in ready if w.leaving]
         if not replaced:
             return
-        surplus = len(ready) - self.pool.models[model].config.workers
-        if not self.pool.spawning:
-            surplus = len(replaced)
-        for worker in replaced[:max(0, surplus)]:
+        surplus = max(0, len(ready) - self.pool.models[model].config.workers)
+        for worker in replaced[:surplus]:  # a fresh worker has taken each one's place
             self.drain(worker, worker.reason or Reason.MANUAL, now)
+        if not self.pool.spawning:  # shutdown: no replacement is coming for the others
+            for worker in replaced[surplus:]:
+                self.drain(worker, Reason.SHUTDOWN, now)
 
     def _retire_removed(self, model: str, now: float) -> None:
         """A model dropped by a reload: its ready workers finish its queue; with none left to
@@ -225,3 +226,13 @@ class Lifecycle:
             del self.pool.models[model]
             self.router.forget(model)
             log.info("model_removed", model=model)
+
+
+def _leave(worker: WorkerHandle, reason: Reason) -> None:
+    """The reason of a worker's way out: the first one it was given. One exception: a worker
+    still serving until its replacement is ready that a shutdown stops first was never
+    replaced, so it leaves stopped (its exit cause), not recycled."""
+    if reason is Reason.SHUTDOWN and worker.state is State.READY:
+        worker.reason = reason
+    else:
+        worker.reason = worker.reason or reason

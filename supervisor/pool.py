@@ -22,6 +22,7 @@ from supervisor.config import Config, ModelConfig
 from supervisor.diagnosis import Cause, Diagnosis
 from supervisor.exitcodes import describe_exit
 from supervisor.history import History
+from supervisor.padding import PadDim
 from supervisor.policy import Assessment, WorkerFacts
 from supervisor.probes import Probes
 from supervisor.protocol import TensorSpec
@@ -81,6 +82,7 @@ class WorkerHandle:
     # A recycle the policy wants at its last judgement that waits for a free recycle slot
     # (max_concurrent_recycles); None once it starts or is no longer wanted.
     held_back: Reason | None = None
+    pad_dims: tuple[PadDim, ...] = ()  # the padding it was started with (its spec's)
 
     @property
     def leaving(self) -> bool:
@@ -112,6 +114,10 @@ class ModelState:
     config: ModelConfig
     inputs: list[TensorSpec] | None = None
     outputs: list[TensorSpec] | None = None
+    # The padding of the workers whose input list the door holds: set with ``inputs`` when
+    # a worker turns ready, so a reload's padding reaches the door with its first worker
+    # (one that never loads leaves the door as it was, and the old workers serve on).
+    serving_dims: tuple[PadDim, ...] | None = None
     failures: int = 0  # consecutive workers that could not serve (boot, or over the limit)
     backoff_until: float = 0.0
     last_error: str | None = None
@@ -193,7 +199,8 @@ class Pool:
         handle = WorkerHandle(worker_id, model, self.free_slot(model), started_at=now,
                               jitter=self.rng.uniform(0.0, state.config.policy.jitter),
                               heartbeat_timeout=sup.heartbeat_timeout, last_heartbeat=now,
-                              history=History(max(2 * state.config.policy.trend_window, 64)))
+                              history=History(max(2 * state.config.policy.trend_window, 64)),
+                              pad_dims=state.config.pad_dims)
         self.workers[worker_id] = handle
         self.outbox.append(Spawn(worker_id, model))
         return handle

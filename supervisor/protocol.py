@@ -231,7 +231,10 @@ def _header(frame: Frame, limit: int) -> dict[str, Any]:
                                  max_bin_len=limit, max_array_len=MAX_BATCH_JOBS,
                                  max_map_len=MAX_BATCH_JOBS)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}") from None
+        # msgpack's own text names the bound or rule (e.g. "5000 exceeds max_array_len(4096)",
+        # "int is not allowed for map key"), never the data
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}: "
+                            f"{str(exc)[:160]})") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a msgpack map")
     return header
@@ -289,10 +292,10 @@ def _pack_strings(name: str, array: np.ndarray) -> bytes:
         raise ProtocolError(f"array '{name}': {exc}") from None
 
 
-def unpack_arrays(specs: object, frames: Sequence[Frame],
-                  max_elements: int | None = None) -> dict[str, np.ndarray]:
+def unpack_arrays(specs: object, frames: Sequence[Frame], max_elements: int | None = None,
+                  field: str = "inputs") -> dict[str, np.ndarray]:
     """Arrays from specs and frames, each checked against its dtype and shape (no copy)."""
-    return arrays_from(parse_specs(specs), frames, max_elements)
+    return arrays_from(parse_specs(specs, field=field), frames, max_elements)
 
 
 def arrays_from(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
@@ -357,9 +360,11 @@ def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
     return next(iter(firsts))
 
 
-def parse_specs(specs: object, allow_none: bool = False) -> list[TensorSpec]:
+def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs") -> list[TensorSpec]:
+    """``field``: the header field the specs came from, as an error names it."""
     if not isinstance(specs, list | tuple):
-        raise ProtocolError("header field 'inputs'/'outputs' must be a list of array specs")
+        got = "missing" if specs is None else f"got {type(specs).__name__}"
+        raise ProtocolError(f"header field '{field}' must be a list of array specs ({got})")
     parsed = [TensorSpec.from_wire(s, allow_none) for s in specs]
     names = [s.name for s in parsed]
     if len(set(names)) != len(names):

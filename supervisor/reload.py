@@ -32,6 +32,9 @@ class ReloadPlan:
     updated: list[str] = field(default_factory=list)  # policy / worker count, in place
     settings: list[str] = field(default_factory=list)  # supervisor settings now in effect
     restart_required: list[str] = field(default_factory=list)
+    # Models whose workers were failing to start, started again at once: the operator may
+    # have fixed what the config points at (a model file, a package) without changing it.
+    retried: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v}

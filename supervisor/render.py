@@ -53,8 +53,10 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
 def _model_note(name: str, model: dict[str, Any]) -> str:
     recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
     state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
-    if model["available"] and model.get("last_error"):  # old workers serve on meanwhile
+    if model["available"] and model.get("failing_to_start"):  # old workers serve on
         state += f"; NEW WORKERS FAIL TO START: {model['last_error']} (retried with back-off)"
+    if model.get("removed"):
+        state = "REMOVING (dropped by a reload: finishing its queue, taking no new jobs)"
     last = model.get("last_recycle")
     last_text = f"; last: {last['reason']} ({last['worker']}, " \
                 f"{format_duration(last['seconds_ago'])} ago)" if last else ""

@@ -84,9 +84,10 @@ class Kind:
 class Int(Kind):
     def __init__(self, minimum: int = 0, maximum: int | None = None) -> None:
         self.minimum, self.maximum = minimum, maximum
-        self.expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         if maximum is not None:
-            self.expected += f" and <= {maximum}"
+            self.expected = f"an integer from {minimum} to {maximum}"
+        else:
+            self.expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
 
     def parse(self, value: object, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum or \
@@ -112,9 +113,7 @@ class Float(Kind):
 
     def parse(self, value: object, path: str) -> float:
         if isinstance(value, str) and _number_text(value):
-            # YAML 1.1 reads 1e3 (no dot, no sign) as text: say so, not just "expected a number"
-            why = "YAML 1.1 reads an exponent without a dot and a sign as text; write 1.0e+3, " \
-                "or the number in full" if "e" in value.lower() else "write it without quotes"
+            why = _exponent_hint(value) or "write it without quotes"
             raise ConfigError(path, f"expected {self.expected}, got the string {_got(value)}: "
                               f"{why}")
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -134,6 +133,20 @@ class Float(Kind):
         if self.maximum is not None:
             out["maximum"] = self.maximum
         return out
+
+
+def _exponent_hint(value: object) -> str | None:
+    """Why a number with an exponent arrived as text: YAML 1.1 reads 1e3 (no dot, no sign)
+    as a string, so say so, not just "expected a number"."""
+    if isinstance(value, str) and "e" in value.lower() and _number_text(value):
+        return f"YAML 1.1 reads a number with an exponent as text unless it has a dot and " \
+            f"a signed exponent; write {float(value):.1e}, or the number in full"
+    return None
+
+
+def _with_hint(message: str, value: object) -> str:
+    hint = _exponent_hint(value)
+    return f"{message}: {hint}" if hint else message
 
 
 def _number_text(value: str) -> bool:
@@ -200,7 +213,7 @@ class Size(Kind):
         try:
             return parse_size(value)
         except ValueError as exc:  # says which rule: the forms, >= 0, finite, at most 2**63-1
-            raise ConfigError(path, f"{exc}, got {_got(value)}") from None
+            raise ConfigError(path, _with_hint(f"{exc}, got {_got(value)}", value)) from None
 
     def schema(self) -> dict[str, Any]:
         return {
@@ -215,16 +228,24 @@ class Duration(Kind):
     expected = "a duration such as 30s, 5m, 24h or a number of seconds"
     unit = "seconds"
 
+    def __init__(self, minimum: float = 0.0) -> None:
+        self.minimum = minimum  # a floor that keeps the daemon out of a busy loop, say
+        if minimum:
+            self.expected = f"{self.expected}, at least {minimum:g}s"
+
     def parse(self, value: object, path: str) -> float:
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value)
         except ValueError as exc:  # says which rule: the forms, >= 0, finite, at most 10 years
-            raise ConfigError(path, f"{exc}, got {_got(value)}") from None
+            raise ConfigError(path, _with_hint(f"{exc}, got {_got(value)}", value)) from None
+        if seconds < self.minimum:
+            raise ConfigError(path, f"expected at least {self.minimum:g}s, got {_got(value)}")
+        return seconds
 
     def schema(self) -> dict[str, Any]:
         return {
             "oneOf": [
-                {"type": "number", "minimum": 0, "maximum": MAX_DURATION},
+                {"type": "number", "minimum": self.minimum, "maximum": MAX_DURATION},
                 {"type": "string", "pattern": r"^\s*[0-9.]+\s*(ms|s|m|h|d)?\s*$"},
             ]
         }

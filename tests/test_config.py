@@ -47,7 +47,7 @@ def test_the_shipped_config_is_valid() -> None:
 
 def test_error_names_path_and_expectation() -> None:
     assert errors_of("models: {demo: {handler: 'a:b', workers: two}}") == [
-        'models.demo.workers: expected a positive integer, got "two"']
+        'models.demo.workers: expected an integer from 1 to 256, got "two"']
 
 
 def test_unknown_key_suggests() -> None:
@@ -86,8 +86,8 @@ def test_kill_memory_must_exceed_max_memory() -> None:
 
 def test_batch_size_is_bounded_by_what_one_message_may_list() -> None:
     (error,) = errors_of("models: {m: {handler: 'a:b', batching: {max_batch_size: 5000}}}")
-    assert error == ("models.m.batching.max_batch_size: expected a positive integer and "
-                     "<= 4096, got 5000")
+    assert error == ("models.m.batching.max_batch_size: expected an integer from 1 to "
+                     "4096, got 5000")
 
 
 def test_defaults_policy_lies_under_model_policy() -> None:
@@ -164,7 +164,7 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     bad.write_text("models: {demo: {handler: 'a:b', workers: two}}")
     out = _cli("check", "-c", str(bad))
     assert out.returncode == 1
-    assert 'models.demo.workers: expected a positive integer, got "two"' in out.stderr
+    assert 'models.demo.workers: expected an integer from 1 to 256, got "two"' in out.stderr
     out = _cli("check", "-c", str(tmp_path / "missing.yaml"))
     assert out.returncode == 1 and "cannot read" in out.stderr
 
@@ -226,6 +226,17 @@ BIG = "9" * 400
     ("supervisor: {endpoints: [\"ipc://x\\0y\"]}", "", "supervisor.endpoints[0]: must not "
      "contain a NUL"),
     ("supervisor: {metrics: \"\\0\"}", "", "supervisor.metrics: must not contain a NUL"),
+    # past these a value is a typo: a busy loop, a stuck queue, more TF processes than a host
+    ("supervisor: {poll_interval: 1ms}", "", "supervisor.poll_interval: expected at least "
+     "0.05s, got \"1ms\""),
+    ("models: {m: {handler: a:b, batching: {batch_timeout_ms: 1.0e+300}}}", "",
+     "models.m.batching.batch_timeout_ms: expected a number >= 0.0 and <= 60000.0"),
+    ("models: {m: {handler: a:b, workers: 100000}}", "", "models.m.workers: expected an "
+     "integer from 1 to 256, got 100000"),
+    ("defaults: {policy: {max_memory: \"1e3\"}}", "", "defaults.policy.max_memory: expected "
+     "a size such as 512MiB, 2GB or a number of bytes, got \"1e3\": YAML 1.1 reads a number "
+     "with an exponent as text unless it has a dot and a signed exponent; write 1.0e+03"),
+    ("defaults: {policy: {warmup_seconds: 2.5E2}}", "", "write 2.5e+02, or the number in full"),
 ])
 def test_hostile_values_name_their_path(setting: str, value: str, fragment: str) -> None:
     text = MINIMAL + (setting % value if "%s" in setting else setting)
@@ -245,8 +256,8 @@ def test_hostile_values_name_their_path(setting: str, value: str, fragment: str)
      "name must be non-empty and without '='"),
     ("{handler: 'a:b', env: {A: " + BIG + "}}", "models.demo.env.A: expected a string, got an "
      "integer of 400 digits"),
-    ("{handler: 'a:b', workers: " + BIG + "}", "models.demo.workers: expected a positive "
-     "integer of at most 2**63-1"),
+    ("{handler: 'a:b', workers: " + BIG + "}", "models.demo.workers: expected an integer "
+     "from 1 to 256, got an integer of 400 digits"),
 ])
 def test_hostile_model_values(model: str, fragment: str) -> None:
     assert fragment in "\n".join(errors_of(f"models: {{demo: {model}}}"))

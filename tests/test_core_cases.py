@@ -14,6 +14,7 @@ import numpy as np
 
 from supervisor.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.config import parse_config
+from supervisor.control import Controller
 from supervisor.core import Core
 from supervisor.exitcodes import WorkerExit
 from supervisor.history import Reading
@@ -30,6 +31,7 @@ from supervisor.protocol import (
     signed,
 )
 from supervisor.reasons import Reason
+from supervisor.render import render_status
 from tests.test_core_model import frames_for, hostile, secret, valid
 
 BASE = """
@@ -87,10 +89,10 @@ class World:
         self.run()
         return key
 
-    def ready(self, worker_id: str) -> None:
+    def ready(self, worker_id: str, inputs: list[dict[str, Any]] | None = None) -> None:
+        header = {"worker": worker_id, "warmup_seconds": 1.0, "inputs": inputs}
         self.core.worker_message(worker_id.encode(), encode(signed(Message(
-            READY, b"", {"worker": worker_id, "warmup_seconds": 1.0}), secret(worker_id))),
-            self.now)
+            READY, b"", header), secret(worker_id))), self.now)
         self.run()  # the daemon reads its memory here, before any job goes to it
         self.tick()
 
@@ -219,6 +221,9 @@ def test_a_removed_model_answers_what_it_can_no_longer_serve() -> None:
                       world.now)
     world.tick()
     assert {world.code(k) for k in keys} == {"unavailable"}
+    shown = render_status(Controller(world.core, dict, lambda: True, lambda: True)
+                          .status(world.now))
+    assert "a: REMOVING (dropped by a reload" in shown and "other: available" in shown
     world.exit("a-1", 0)
     world.tick()
     assert "a" not in world.core.pool.models
@@ -426,3 +431,71 @@ def test_workers_leaking_in_lockstep_are_each_replaced_before_max_memory() -> No
     recycles = dict(world.core.pool.models["a"].recycles)
     assert set(recycles) == {"growth_per_hour"} and recycles["growth_per_hour"] >= 6, recycles
     assert fewest == 3
+
+
+PADDED = BASE.replace("    policy:",
+                      "    padding: {seq: {inputs: {ids: 1}, sizes: [4, 8]}}\n    policy:")
+IDS = [{"name": "ids", "dtype": "int32", "shape": [None, None]}]
+
+
+def ids(length: int) -> list[Any]:
+    specs, arrays = pack_arrays({"ids": np.zeros((1, length), "int32")})
+    return frames_for({"model": "a", "inputs": specs}, [bytes(a) for a in arrays])
+
+
+def test_a_reloaded_padding_reaches_the_door_with_its_first_ready_worker() -> None:
+    world = World(PADDED)
+    world.ready("a-1", IDS)
+    path = Path("/tmp/tfs-core-cases/config.yaml")
+    # Axis 2 of a 2-dimensional input: the new workers can never load it. Until one is
+    # ready the door keeps the padding the serving workers have, and they serve on.
+    world.core.reload(parse_config(PADDED.replace("{ids: 1}", "{ids: 2}"), path), world.now)
+    world.poll()  # a reload's recycle starts at the next poll, its replacement at a tick
+    world.tick()
+    assert world.state("a-2") is State.STARTING
+    key = world.request(ids(3))
+    world.exit("a-2", WorkerExit.LOAD_ERROR)
+    while world.batches.get("a-1"):
+        world.answer("a-1")
+    assert world.code(key) == "ok"
+    # Settings a worker can load: from its ready on, the door pads to its sizes.
+    world.core.reload(parse_config(PADDED.replace("[4, 8]", "[16]"), path), world.now)
+    world.tick(120.0)  # past the failed load's back-off
+    world.poll()
+    world.tick()
+    [new] = [w for w in world.core.pool.workers.values() if w.state is State.STARTING]
+    assert world.code(world.request(ids(12))) == "bad_request"  # over 8: not yet
+    world.ready(new.id, IDS)
+    key = world.request(ids(12))
+    assert key not in world.replies  # admitted: answered by a worker, not the door
+
+
+def test_a_failing_replacement_is_retried_by_any_reload_and_its_elder_leaves_stopped() -> None:
+    world = World()
+    world.ready("a-1")
+    path = Path("/tmp/tfs-core-cases/config.yaml")
+    changed = parse_config(BASE.replace('"mod:a"', '"mod:a2"'), path)
+    assert world.core.reload(changed, world.now).replaced == ["a"]
+    world.poll()
+    world.tick()
+    world.exit("a-2", WorkerExit.LOAD_ERROR)  # the new settings cannot load
+    state = world.core.pool.models["a"]
+    assert state.unavailable and state.backoff_until > world.now
+    status = Controller(world.core, dict, lambda: True, lambda: True).status(world.now)
+    assert status["models"]["a"]["failing_to_start"] and status["models"]["a"]["available"]
+    assert "a: available; NEW WORKERS FAIL TO START: worker a-2 exited before ready" in \
+        render_status(status)
+    # The same file again (the operator fixed the module it names): tried at once.
+    again = world.core.reload(parse_config(BASE.replace('"mod:a"', '"mod:a2"'), path),
+                              world.now)
+    assert again.replaced == [] and again.retried == ["a"]
+    assert state.failures == 0 and state.last_error is None and state.backoff_until == 0.0
+    world.tick()
+    assert world.state("a-3") is State.STARTING and world.state("a-1") is State.READY
+    # A shutdown before any replacement served: a-1 was never replaced, it is stopped.
+    world.core.shutdown(world.now, "SIGTERM")
+    world.tick()
+    world.exit("a-1", 0)
+    world.exit("a-3", 0)
+    assert {str(cause): n for cause, n in state.exits.items()} == \
+        {"boot_failed": 1, "stopped": 2}

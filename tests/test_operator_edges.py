@@ -12,6 +12,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -244,13 +245,17 @@ def test_a_reload_whose_new_workers_cannot_load_says_so_and_keeps_the_old_ones(
         assert client.infer("m", X)["x"].shape == (1, 4)
     shown = _cli("status", "-c", str(sup.config_path))
     assert "NEW WORKERS FAIL TO START" in shown.stdout, shown.stdout
+    # the same reload again (a deploy script's retry) is no success: tried again at once
+    out = _cli("reload", "-c", str(sup.config_path), "--wait", "60", timeout=90)
+    assert out.returncode == 1 and "reloaded: retried m" in out.stdout, out
+    assert "no_such_handler" in out.stderr
     # put right: the next reload's new workers start, and --wait says so
     config["models"]["m"]["handler"] = "worker.handlers:echo"
     config["models"]["m"]["options"] = {"changed": True}
     sup.config_path.write_text(yaml.safe_dump(config))
     out = _cli("reload", "-c", str(sup.config_path), "--wait", "60", timeout=90)
     assert out.returncode == 0, out
-    assert "serving on new workers: m" in out.stdout
+    assert "serving on workers of the current settings: m" in out.stdout
     status = sup.status()["models"]["m"]
     assert status["last_error"] is None and len(status["workers"]) == 1
 
@@ -432,3 +437,11 @@ def test_the_unit_does_not_restart_on_statuses_a_restart_cannot_fix() -> None:
     line = next(x for x in unit.splitlines() if x.startswith("RestartPreventExitStatus="))
     statuses = {int(v) for v in line.partition("=")[2].split()}
     assert statuses == {DaemonExit.CONFIG, DaemonExit.USAGE, DaemonExit.RUNTIME_DIR}
+
+
+def test_a_control_call_to_a_missing_ipc_socket_fails_at_once(workdir: Path) -> None:
+    endpoint = f"ipc://{workdir}/run/admin.sock"  # no daemon ever made it
+    started = time.monotonic()
+    with pytest.raises(NoReply, match=r"no socket at .*is the supervisor running, with this"):
+        control(endpoint, "reload", timeout=30)
+    assert time.monotonic() - started < 25  # not the whole timeout

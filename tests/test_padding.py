@@ -359,6 +359,7 @@ def test_an_exponent_yaml_reads_as_text_is_named_so() -> None:
         parse_config(text, Path("/tmp/c.yaml"))
     error = raised.value.errors[0]
     assert error.path == "models.enc.padding.seq.value"
-    assert "YAML 1.1 reads an exponent without a dot and a sign as text" in str(error), error
+    assert "YAML 1.1 reads a number with an exponent as text unless it has a dot and a " \
+        "signed exponent; write 1.0e+03" in str(error), error
     assert parse_config(text.replace("1e3", "1.0e+3"), Path("/tmp/c.yaml")) \
         .models["enc"].padding["seq"].value == 1000.0

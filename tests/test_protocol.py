@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 
 import msgpack
 import numpy as np
@@ -240,6 +241,26 @@ def test_envelopes() -> None:
 def test_decode_refuses_malformed(frames: list[bytes]) -> None:
     with pytest.raises(ProtocolError):
         decode(frames)
+
+
+@pytest.mark.parametrize(("header", "fragment"), [
+    (b"\x81\x01\x01", "int is not allowed for map key"),
+    (msgpack.packb({"shape": [1] * 5000}), "5000 exceeds max_array_len(4096)"),
+])
+def test_a_header_past_a_decoding_rule_names_the_rule(header: bytes, fragment: str) -> None:
+    with pytest.raises(ProtocolError) as raised:
+        decode([VERSION, INFER, b"", header])
+    assert "header is not valid msgpack (ValueError: " in str(raised.value)
+    assert fragment in str(raised.value)
+
+
+@pytest.mark.parametrize(("specs", "fragment"), [
+    (None, "header field 'outputs' must be a list of array specs (missing)"),
+    ({"name": "x"}, "header field 'outputs' must be a list of array specs (got dict)"),
+])
+def test_a_missing_spec_list_names_its_field(specs: object, fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(fragment)):
+        unpack_arrays(specs, [], field="outputs")
 
 
 @settings(max_examples=400, deadline=None)
