@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -239,6 +240,17 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return _wait_for_workers(endpoint, args)
 
 
+def _wait_seconds(text: str) -> float:
+    """--wait: a finite number of seconds, 0 or more (nan would never run out)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return seconds
+
+
 def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
     """After a reload: until every model serves on workers of the settings now in force (0),
     or one's new workers fail to start (1: the old ones serve on), or --wait runs out (1).
@@ -401,9 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
                  "for the outcome (exit 1 if it was rejected).")
     reload.add_argument("--timeout", type=float, default=30.0)
-    reload.add_argument("--wait", type=float, metavar="SECONDS",
-                        help="then wait up to this long for the new workers of added and "
-                        "replaced models: exit 1 if they fail to start or are not ready in time")
+    reload.add_argument("--wait", type=_wait_seconds, metavar="SECONDS",
+                        help="then wait up to this long until every model serves on workers "
+                        "of the settings now in force: exit 1 if a model's workers fail to "
+                        "start or are not ready in time")
     demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
                config=False)
     demo.add_argument("path", nargs="?", default="models/demo")

@@ -445,3 +445,5 @@ def test_a_control_call_to_a_missing_ipc_socket_fails_at_once(workdir: Path) -> 
     with pytest.raises(NoReply, match=r"no socket at .*is the supervisor running, with this"):
         control(endpoint, "reload", timeout=30)
     assert time.monotonic() - started < 25  # not the whole timeout
+    out = _cli("reload", "-c", str(workdir / "config.yaml"), "--wait", "nan")
+    assert out.returncode == 2 and "expected a finite number of seconds >= 0" in out.stderr
