@@ -31,9 +31,10 @@ import yaml
 import zmq
 
 from bench.common import write
-from supervisor.config import load_config
-from supervisor.probes import Probes
-from supervisor.protocol import (
+from supervisor.config.loading import load_config
+from supervisor.config.worker_spec import build_spec, worker_command, worker_env
+from supervisor.shared.probes import Probes
+from supervisor.shared.protocol import (
     HEARTBEAT,
     INTERNAL_HOP,
     JOB,
@@ -47,7 +48,6 @@ from supervisor.protocol import (
     pack_arrays,
     unpack_results,
 )
-from supervisor.spawn import build_spec, worker_command, worker_env
 from supervisor.testing import short_tmpdir
 
 ROOT = Path(__file__).resolve().parent.parent

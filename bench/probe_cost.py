@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import write
-from supervisor.protocol import (
+from supervisor.shared.protocol import (
     INTERNAL_HOP,
     JOB,
     Message,

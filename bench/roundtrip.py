@@ -25,8 +25,8 @@ import psutil
 import zmq
 
 from bench.common import percentiles, write
-from supervisor.client import Client, request_message
-from supervisor.protocol import encode
+from supervisor.client.client import Client, request_message
+from supervisor.shared.protocol import encode
 from supervisor.testing import short_tmpdir, start_supervisor
 
 ECHO_SERVER = """

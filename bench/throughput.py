@@ -23,8 +23,8 @@ import psutil
 import zmq
 
 from bench.common import write
+from supervisor.shared.transport import NOBLOCK, recv, send
 from supervisor.testing import start_supervisor
-from supervisor.transport import NOBLOCK, recv, send
 
 
 def client(endpoint: str, seconds: float, window: int, results: Any) -> None:

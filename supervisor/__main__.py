@@ -1,3 +1,3 @@
-from supervisor.cli import main
+from supervisor.cli.commands import main
 
 raise SystemExit(main())

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.protocol import TensorSpec
+from supervisor.shared.protocol import TensorSpec
 
 Arrays = dict[str, np.ndarray]
 WIDTH = 16

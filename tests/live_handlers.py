@@ -14,7 +14,7 @@ Arrays = dict[str, np.ndarray]
 
 
 class Undeclared:
-    """Declares no inputs (so the door cannot check them) and echoes what it gets."""
+    """Declares no inputs (so admission cannot check them) and echoes what it gets."""
 
     outputs = None
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor import logs
+from supervisor.shared import logs
 from worker.handlers import Echo
 
 Arrays = dict[str, np.ndarray]

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 import zmq
 
-from supervisor.batching import BatchPolicy, powers_of_two, take_batch
-from supervisor.config import parse_config
-from supervisor.protocol import (
+from supervisor.config.keys import BatchPolicy, powers_of_two
+from supervisor.config.loading import parse_config
+from supervisor.config.settings import ConfigErrors
+from supervisor.core.batching import take_batch
+from supervisor.core.jobs import Job
+from supervisor.shared.protocol import (
     INFER,
     INTERNAL_HOP,
     JOB,
@@ -27,8 +30,6 @@ from supervisor.protocol import (
     pack_job,
     unpack_arrays,
 )
-from supervisor.router import Job
-from supervisor.settings import ConfigErrors
 from tests.conftest import Supervisor
 from worker.batch import run_batch
 from worker.runners import Runner
@@ -383,3 +384,4 @@ def test_large_batches_of_many_inputs(supervisor_factory: Any) -> None:
         assert all(pool.map(one, range(64)))
     client.close()
     assert sup.status()["models"]["m"]["batches"]["mean_rows"] > 4
+

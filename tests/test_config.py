@@ -14,8 +14,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.config import config_schema, load_config, parse_config
-from supervisor.settings import ConfigErrors
+from supervisor.config.loading import config_schema, load_config, parse_config
+from supervisor.config.settings import ConfigErrors
 
 REPO = Path(__file__).resolve().parent.parent
 MINIMAL = "models: {demo: {handler: 'worker.handlers:echo'}}\n"
@@ -187,7 +187,7 @@ def test_output_piped_to_a_reader_that_stops_is_not_an_error() -> None:
 
 
 def test_configuration_reference_is_current() -> None:
-    from supervisor.config import config_reference
+    from supervisor.config.loading import config_reference
 
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert doc.strip() == config_reference().strip(), \
@@ -282,7 +282,7 @@ def test_non_utf8_and_oversized_files(tmp_path: Path, monkeypatch: pytest.Monkey
     assert str(info.value) == f"{file} is not UTF-8 text: byte 0xe9 at offset 10"
     file.write_bytes(b"\xef\xbb\xbf" + MINIMAL.encode())  # a UTF-8 BOM is fine
     assert load_config(file).models["demo"].workers == 1
-    monkeypatch.setattr("supervisor.config.MAX_CONFIG_BYTES", 16)
+    monkeypatch.setattr("supervisor.config.loading.MAX_CONFIG_BYTES", 16)
     with pytest.raises(ConfigErrors, match="larger than 0 MiB: not a config file"):
         load_config(file)
     with pytest.raises(ConfigErrors, match="cannot read"):
@@ -293,7 +293,7 @@ def test_unexpected_errors_become_config_errors(monkeypatch: pytest.MonkeyPatch)
     def broken(*_: object) -> None:
         raise KeyError("surprise")
 
-    monkeypatch.setattr("supervisor.config._resolve_paths", broken)
+    monkeypatch.setattr("supervisor.config.loading._resolve_paths", broken)
     with pytest.raises(ConfigErrors) as info:
         parse_config(MINIMAL)
     assert str(info.value) == ("the configuration could not be checked: unexpected KeyError: "
@@ -327,7 +327,7 @@ yaml_values = st.recursive(
 
 
 def _setting_paths() -> list[tuple[str, ...]]:
-    from supervisor.config import (
+    from supervisor.config.keys import (
         BatchingConfig,
         CurveConfig,
         ModelConfig,
@@ -335,7 +335,7 @@ def _setting_paths() -> list[tuple[str, ...]]:
         SupervisorSection,
         TfConfig,
     )
-    from supervisor.settings import section_fields
+    from supervisor.config.settings import section_fields
 
     def names(cls: type) -> list[str]:
         return [f.name for f in section_fields(cls)]
@@ -401,7 +401,7 @@ def test_job_timeout_of_zero_is_refused() -> None:
 
 
 def test_reload_plan_names_changed_supervisor_settings() -> None:
-    from supervisor import reload as reloading
+    from supervisor.core import reload_plan as reloading
 
     old = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 50}")
     new = parse_config("models: {m: {handler: 'a:b'}}\nsupervisor: {max_queue: 3}")

@@ -12,14 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.config import parse_config
-from supervisor.control import Controller
-from supervisor.core import Core
-from supervisor.exitcodes import WorkerExit
-from supervisor.history import Reading
-from supervisor.pool import State
-from supervisor.protocol import (
+from supervisor.cli.render import render_status
+from supervisor.config.loading import parse_config
+from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.core.core import Core
+from supervisor.core.history import Reading
+from supervisor.core.pool import State
+from supervisor.core.reasons import Reason
+from supervisor.daemon.control import Controller
+from supervisor.shared.exitcodes import WorkerExit
+from supervisor.shared.protocol import (
     HEARTBEAT,
     READY,
     RESULT,
@@ -30,8 +32,6 @@ from supervisor.protocol import (
     pack_results,
     signed,
 )
-from supervisor.reasons import Reason
-from supervisor.render import render_status
 from tests.test_core_model import frames_for, hostile, secret, valid
 
 BASE = """
@@ -443,12 +443,12 @@ def ids(length: int) -> list[Any]:
     return frames_for({"model": "a", "inputs": specs}, [bytes(a) for a in arrays])
 
 
-def test_a_reloaded_padding_reaches_the_door_with_its_first_ready_worker() -> None:
+def test_a_reloaded_padding_reaches_admission_with_its_first_ready_worker() -> None:
     world = World(PADDED)
     world.ready("a-1", IDS)
     path = Path("/tmp/tfs-core-cases/config.yaml")
     # Axis 2 of a 2-dimensional input: the new workers can never load it. Until one is
-    # ready the door keeps the padding the serving workers have, and they serve on.
+    # ready admission keeps the padding the serving workers have, and they serve on.
     world.core.reload(parse_config(PADDED.replace("{ids: 1}", "{ids: 2}"), path), world.now)
     world.poll()  # a reload's recycle starts at the next poll, its replacement at a tick
     world.tick()
@@ -458,7 +458,7 @@ def test_a_reloaded_padding_reaches_the_door_with_its_first_ready_worker() -> No
     while world.batches.get("a-1"):
         world.answer("a-1")
     assert world.code(key) == "ok"
-    # Settings a worker can load: from its ready on, the door pads to its sizes.
+    # Settings a worker can load: from its ready on, admission pads to its sizes.
     world.core.reload(parse_config(PADDED.replace("[4, 8]", "[16]"), path), world.now)
     world.tick(120.0)  # past the failed load's back-off
     world.poll()
@@ -467,7 +467,7 @@ def test_a_reloaded_padding_reaches_the_door_with_its_first_ready_worker() -> No
     assert world.code(world.request(ids(12))) == "bad_request"  # over 8: not yet
     world.ready(new.id, IDS)
     key = world.request(ids(12))
-    assert key not in world.replies  # admitted: answered by a worker, not the door
+    assert key not in world.replies  # admitted: answered by a worker, not at admission
 
 
 def test_a_failing_replacement_is_retried_by_any_reload_and_its_elder_leaves_stopped() -> None:

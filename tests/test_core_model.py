@@ -1,6 +1,6 @@
 """The two promises, checked by a model-based test of the socket-free core.
 
-Hypothesis drives ``supervisor.core.Core`` with random interleavings of events — client
+Hypothesis drives ``supervisor.core.core.Core`` with random interleavings of events — client
 requests (valid and hostile), workers that become ready, answer, answer in part, speak
 garbage, crash, hang, exit after asking to be recycled, memory readings over the limits,
 manual recycles, reloads that add, remove and change models and heartbeat settings, clock
@@ -37,14 +37,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from supervisor.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.config import Config, parse_config
-from supervisor.core import Core
-from supervisor.exitcodes import WorkerExit
-from supervisor.history import Reading
-from supervisor.metrics import slot_rows
-from supervisor.pool import State
-from supervisor.protocol import (
+from supervisor.config.keys import Config
+from supervisor.config.loading import parse_config
+from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.core.core import Core
+from supervisor.core.history import Reading
+from supervisor.core.pool import State
+from supervisor.core.reasons import ExitCause, Reason
+from supervisor.daemon.metrics import slot_rows
+from supervisor.shared.exitcodes import WorkerExit
+from supervisor.shared.protocol import (
     HEARTBEAT,
     INFER,
     MODELS,
@@ -58,7 +60,6 @@ from supervisor.protocol import (
     pack_results,
     signed,
 )
-from supervisor.reasons import ExitCause, Reason
 
 MAX_MEMORY = 1000
 KILL_MEMORY = 2000

@@ -10,12 +10,12 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from supervisor.config import PolicyConfig
-from supervisor.diagnosis import Cause, diagnose, trends
-from supervisor.history import Sample
-from supervisor.policy import WorkerFacts, evaluate
-from supervisor.probes import Probes, ShapeGrowth
-from supervisor.reasons import Reason
+from supervisor.config.keys import PolicyConfig
+from supervisor.core.diagnosis import Cause, diagnose, trends
+from supervisor.core.history import Sample
+from supervisor.core.policy import WorkerFacts, evaluate
+from supervisor.core.reasons import Reason
+from supervisor.shared.probes import Probes, ShapeGrowth
 
 MB = 1024**2
 JOBS = 100  # per sample

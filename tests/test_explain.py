@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervisor.control import Controller
-from supervisor.probes import Probes, ShapeGrowth
-from supervisor.protocol import HEARTBEAT, Message, encode, signed
-from supervisor.render import render_explain
+from supervisor.cli.render import render_explain
+from supervisor.daemon.control import Controller
+from supervisor.shared.probes import Probes, ShapeGrowth
+from supervisor.shared.protocol import HEARTBEAT, Message, encode, signed
 from tests.test_core_cases import World
 from tests.test_core_model import secret, valid
 

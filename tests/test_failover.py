@@ -14,9 +14,9 @@ import pytest
 
 from supervisor.aclient import AsyncClient
 from supervisor.client import Client
-from supervisor.errors import NoReply
-from supervisor.failover import Attempt, Rotation
-from supervisor.protocol import RESULT, Message, error_message
+from supervisor.client.errors import NoReply
+from supervisor.client.failover import Attempt, Rotation
+from supervisor.shared.protocol import RESULT, Message, error_message
 from supervisor.testing import Supervisor, short_tmpdir, start_supervisor
 from tests.conftest import echo_model
 

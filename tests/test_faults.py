@@ -18,7 +18,7 @@ import yaml
 import zmq
 
 from supervisor.client import Client, DeadlineExceeded, JobError, JobTimeout, WorkerCrashed
-from supervisor.protocol import INFER, Message, decode, encode, pack_arrays
+from supervisor.shared.protocol import INFER, Message, decode, encode, pack_arrays
 from tests.conftest import Supervisor
 
 CRASH, HANG, SLEEP = -1.0, -3.0, -2.0
@@ -125,7 +125,9 @@ def test_silent_worker_is_killed_but_a_busy_one_is_not(supervisor_factory: Any) 
 
 
 def test_deadline_passed_in_the_queue_is_never_dispatched(supervisor_factory: Any) -> None:
-    sup = supervisor_factory({"models": {"m": markers(1, sleep=1.5)}})
+    # The blocker sleeps well past the last job's deadline: on a busy machine the late
+    # job must still be queued, not run, when its deadline passes.
+    sup = supervisor_factory({"models": {"m": markers(1, sleep=3.0)}})
     raw = RawClient(sup)
     try:
         blocker = raw.send(SLEEP)
@@ -143,7 +145,8 @@ def test_deadline_passed_in_the_queue_is_never_dispatched(supervisor_factory: An
     with sup.client() as client, pytest.raises(DeadlineExceeded):
         threading.Thread(target=lambda: Client(sup.endpoint).infer("m", job(SLEEP))).start()
         time.sleep(0.2)
-        client.infer("m", job(1.0), timeout=0.3)
+        # 1 s leaves the supervisor 0.2 s to send its verdict before the client gives up.
+        client.infer("m", job(1.0), timeout=1.0)
 
 
 def test_full_queue_answers_overloaded_at_once(supervisor_factory: Any) -> None:

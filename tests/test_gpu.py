@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import structlog
 
-from supervisor.gpu import VramReader
+from supervisor.daemon.gpu import VramReader
 
 
 @dataclass

@@ -18,13 +18,13 @@ from hypothesis import given
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.config import parse_config
-from supervisor.control import Controller
-from supervisor.exitcodes import WorkerExit
-from supervisor.metrics import LATENCY_BUCKETS, Metrics, slot_rows
-from supervisor.pool import State
-from supervisor.reasons import ExitCause, Reason, exit_cause
-from supervisor.render import render_status
+from supervisor.cli.render import render_status
+from supervisor.config.loading import parse_config
+from supervisor.core.pool import State
+from supervisor.core.reasons import ExitCause, Reason, exit_cause
+from supervisor.daemon.control import Controller
+from supervisor.daemon.metrics import LATENCY_BUCKETS, Metrics, slot_rows
+from supervisor.shared.exitcodes import WorkerExit
 from tests.test_core_cases import World
 from tests.test_core_model import valid
 

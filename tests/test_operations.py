@@ -21,9 +21,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.exitcodes import DaemonExit
-from supervisor.notify import Notifier
-from supervisor.render import render_status
+from supervisor.cli.render import render_status
+from supervisor.daemon.notify import Notifier
+from supervisor.shared.exitcodes import DaemonExit
 from tests.conftest import echo_model, short_tmpdir
 from tests.test_metric_series import promlint
 

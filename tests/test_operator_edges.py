@@ -22,11 +22,11 @@ import pytest
 import yaml
 import zmq.auth
 
+from supervisor.cli.preflight import preflight
 from supervisor.client import Client, JobError, NoReply, control
-from supervisor.config import doors, parse_config
-from supervisor.exitcodes import DaemonExit
-from supervisor.preflight import preflight
-from supervisor.settings import ConfigErrors
+from supervisor.config.loading import control_endpoints, parse_config
+from supervisor.config.settings import ConfigErrors
+from supervisor.shared.exitcodes import DaemonExit
 from tests.conftest import echo_model, short_tmpdir
 
 X = {"x": np.ones((1, 4), np.float32)}
@@ -260,19 +260,19 @@ def test_a_reload_whose_new_workers_cannot_load_says_so_and_keeps_the_old_ones(
     assert status["last_error"] is None and len(status["workers"]) == 1
 
 
-def test_doors_are_read_leniently(workdir: Path) -> None:
+def test_control_endpoints_are_read_leniently(workdir: Path) -> None:
     config = workdir / "config.yaml"
     config.write_text("supervisor: {runtime_dir: rt, admin: 'ipc://{runtime_dir}/a.sock', "
                       "poll_interval: nope}\nmodels: {}\n")
-    found = doors(config)
+    found = control_endpoints(config)
     assert found.control == f"ipc://{workdir.resolve()}/rt/control.sock"
     assert found.admin == f"ipc://{workdir.resolve()}/rt/a.sock"
     assert found.problems
     config.write_text("supervisor:\n  runtime_dir: rt2\n  control: 'ipc://{runtime_dir}/c.sock'"
                       "\nmodels: {m: [unclosed\n")  # not YAML any more: line by line
-    assert doors(config).control == f"ipc://{workdir.resolve()}/rt2/c.sock"
+    assert control_endpoints(config).control == f"ipc://{workdir.resolve()}/rt2/c.sock"
     config.write_bytes(b"\xff\xfe{{{")  # nothing to go on: the defaults beside the file
-    assert doors(config).control.endswith("/run/control.sock")
+    assert control_endpoints(config).control.endswith("/run/control.sock")
 
 
 # --- start-up failures -------------------------------------------------------------------------

@@ -14,13 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.batching import BatchPolicy, take_batch
-from supervisor.config import parse_config
-from supervisor.padding import PadDim, batch_key, cut, fits_dtype, lengths, pad
-from supervisor.protocol import RESULT, ProtocolError, TensorSpec, pack_arrays, unpack_arrays
-from supervisor.router import Job
-from supervisor.settings import ConfigErrors
-from supervisor.spawn import SpawnError, WorkerSpec, build_spec
+from supervisor.config.keys import BatchPolicy
+from supervisor.config.loading import parse_config
+from supervisor.config.settings import ConfigErrors
+from supervisor.config.worker_spec import SpawnError, WorkerSpec, build_spec
+from supervisor.core.batching import take_batch
+from supervisor.core.jobs import Job
+from supervisor.shared.padding import PadDim, batch_key, cut, fits_dtype, lengths, pad
+from supervisor.shared.protocol import RESULT, ProtocolError, TensorSpec, pack_arrays, unpack_arrays
 from tests.test_batching import batch_message, replies_by_id
 from worker.batch import run_batch
 from worker.runners import LoadError, Runner
@@ -250,9 +251,9 @@ def test_a_bad_job_in_a_padded_batch_is_answered_alone() -> None:
     assert got[b"0"]["total"].tolist() == [3]
 
 
-def test_a_worker_serves_what_a_newer_door_admitted() -> None:
+def test_a_worker_serves_what_a_newer_admission_admitted() -> None:
     # After a reload that raised the largest size, the old worker (older settings) still
-    # serves the longer jobs the door now admits, unpadded, with exact outputs.
+    # serves the longer jobs admission now takes, unpadded, with exact outputs.
     model = MaskedSum()
     parts = [{"ids": np.ones((1, 3), np.int32)}, {"ids": np.ones((1, 40), np.int32)}]
     got = results(run_batch(runner(model), batch_message(parts, pad_to=2)))
@@ -326,7 +327,7 @@ def test_the_generated_input_is_not_asked_of_clients() -> None:
 
 
 def test_a_reload_that_changes_padding_or_warmup_replaces_the_workers() -> None:
-    from supervisor.reload import plan
+    from supervisor.core.reload_plan import plan
 
     def parsed(padding: Any, **model: Any) -> Any:
         return parse_config(config(padding, **model), Path("/tmp/c.yaml"))

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.config import PolicyConfig
-from supervisor.history import Sample
-from supervisor.policy import (
-    Action,
+from supervisor.config.keys import PolicyConfig
+from supervisor.core.history import Sample
+from supervisor.core.policy import (
     Assessment,
+    Ruling,
     WorkerFacts,
     evaluate,
     pressure_victim,
@@ -41,41 +41,41 @@ def series(memory: Callable[[int], float], n: int = 90, jobs_per_sample: int = J
 
 
 def decide(samples: list[Sample], policy: PolicyConfig = POLICY, jitter: float = 0.0,
-           streak: int = 0) -> tuple[Action, str]:
+           streak: int = 0) -> tuple[Ruling, str]:
     now = samples[-1].t
     facts = WorkerFacts(started_at=0.0, jobs=samples[-1].jobs, jitter=jitter,
                         trend_streak=streak)
     verdict = evaluate(samples, facts, policy, now)
-    return verdict.action, verdict.reason
+    return verdict.ruling, verdict.reason
 
 
 def test_flat_is_kept() -> None:
-    assert decide(series(lambda i: BASE)) == (Action.KEEP, None)
+    assert decide(series(lambda i: BASE)) == (Ruling.KEEP, None)
 
 
 def test_noisy_flat_is_kept() -> None:
-    assert decide(series(lambda i: BASE, noise=20 * MB, seed=4))[0] is Action.KEEP
+    assert decide(series(lambda i: BASE, noise=20 * MB, seed=4))[0] is Ruling.KEEP
 
 
 def test_warmup_ramp_then_plateau_is_kept() -> None:
     # Grows 5 MB per sample for 40 samples (TF allocating per shape), then flat: the window
     # still holds the end of the ramp, but its second half is flat.
     ramp = series(lambda i: BASE + 5 * MB * min(i, 40), n=70)
-    assert decide(ramp)[0] is Action.KEEP
+    assert decide(ramp)[0] is Ruling.KEEP
 
 
 @pytest.mark.parametrize(("mb_per_1k_jobs", "expected"), [
-    (1000.0, Action.RECYCLE),  # the steady 1 MB/job climb
-    (100.0, Action.RECYCLE),
-    (25.0, Action.RECYCLE),
-    (5.0, Action.KEEP),  # under the 10 MiB per 1k jobs limit
-    (0.0, Action.KEEP),
+    (1000.0, Ruling.RECYCLE),  # the steady 1 MB/job climb
+    (100.0, Ruling.RECYCLE),
+    (25.0, Ruling.RECYCLE),
+    (5.0, Ruling.KEEP),  # under the 10 MiB per 1k jobs limit
+    (0.0, Ruling.KEEP),
 ])
-def test_linear_leaks(mb_per_1k_jobs: float, expected: Action) -> None:
+def test_linear_leaks(mb_per_1k_jobs: float, expected: Ruling) -> None:
     per_sample = mb_per_1k_jobs * MB * JOBS_PER_SAMPLE / 1000
     action, reason = decide(series(lambda i: BASE + per_sample * i, noise=0.2 * MB))
     assert action is expected
-    if expected is Action.RECYCLE:
+    if expected is Ruling.RECYCLE:
         assert reason == "growth_per_1k_jobs"
 
 
@@ -83,12 +83,12 @@ def test_linear_leaks(mb_per_1k_jobs: float, expected: Action) -> None:
 def test_one_step_is_not_a_leak(step_at: int) -> None:
     # A one-off jump (a new shape's cache, a lazily loaded op) wherever it falls in the window.
     samples = series(lambda i: BASE + (200 * MB if i >= step_at else 0), noise=0.5 * MB)
-    assert decide(samples)[0] is Action.KEEP
+    assert decide(samples)[0] is Ruling.KEEP
 
 
 def test_single_spike_is_not_a_leak() -> None:
     samples = series(lambda i: BASE + (800 * MB if i == 70 else 0), noise=0.5 * MB)
-    assert decide(samples)[0] is Action.KEEP
+    assert decide(samples)[0] is Ruling.KEEP
 
 
 def decaying(total: float, tau: float) -> Callable[[int], float]:
@@ -97,29 +97,29 @@ def decaying(total: float, tau: float) -> Callable[[int], float]:
 
 def test_decaying_growth_that_levels_off_under_max_memory_is_kept() -> None:
     policy = dataclasses.replace(POLICY, max_memory=BASE + 3000 * MB)
-    assert decide(series(decaying(2000 * MB, 60.0), n=60), policy)[0] is Action.KEEP
+    assert decide(series(decaying(2000 * MB, 60.0), n=60), policy)[0] is Ruling.KEEP
 
 
 def test_decaying_growth_that_would_cross_max_memory_is_recycled() -> None:
     policy = dataclasses.replace(POLICY, max_memory=BASE + 1500 * MB)
     action, reason = decide(series(decaying(2000 * MB, 60.0), n=60), policy)
-    assert (action, reason) == (Action.RECYCLE, "growth_per_1k_jobs")
+    assert (action, reason) == (Ruling.RECYCLE, "growth_per_1k_jobs")
 
 
 def test_jobs_stalled_while_memory_rises_is_a_time_trend() -> None:
     samples = series(lambda i: BASE + 1 * MB * i, jobs_per_sample=0)  # 3.5 GiB/hour, no jobs
-    assert decide(samples)[0] is Action.KEEP  # no per-hour limit set
+    assert decide(samples)[0] is Ruling.KEEP  # no per-hour limit set
     policy = dataclasses.replace(POLICY, max_growth_per_hour=1024 * MB)
-    assert decide(samples, policy) == (Action.RECYCLE, "growth_per_hour")
+    assert decide(samples, policy) == (Ruling.RECYCLE, "growth_per_hour")
 
 
 def test_slow_leak_beyond_the_horizon_is_left_alone() -> None:
     # 20 MB per 1k jobs (over the limit) but max_memory is ~100 GB away: > 24 h at this rate.
     policy = dataclasses.replace(POLICY, max_memory=100 * 1024 * MB)
     per_sample = 20 * MB * JOBS_PER_SAMPLE / 1000
-    assert decide(series(lambda i: BASE + per_sample * i), policy)[0] is Action.KEEP
+    assert decide(series(lambda i: BASE + per_sample * i), policy)[0] is Ruling.KEEP
     near = dataclasses.replace(POLICY, max_memory=BASE + 200 * MB)
-    assert decide(series(lambda i: BASE + per_sample * i), near)[0] is Action.RECYCLE
+    assert decide(series(lambda i: BASE + per_sample * i), near)[0] is Ruling.RECYCLE
 
 
 def test_confirmations_need_consecutive_evaluations() -> None:
@@ -127,11 +127,11 @@ def test_confirmations_need_consecutive_evaluations() -> None:
     leak = series(lambda i: BASE + 1 * MB * i)
     facts = WorkerFacts(started_at=0.0, jobs=leak[-1].jobs, jitter=0.0)
     first = evaluate(leak, facts, policy, leak[-1].t)
-    assert first.action is Action.KEEP and first.trend_streak == 1
+    assert first.ruling is Ruling.KEEP and first.trend_streak == 1
     second = evaluate(leak, dataclasses.replace(facts, trend_streak=1), policy, leak[-1].t)
-    assert second.action is Action.KEEP and second.trend_streak == 2
+    assert second.ruling is Ruling.KEEP and second.trend_streak == 2
     third = evaluate(leak, dataclasses.replace(facts, trend_streak=2), policy, leak[-1].t)
-    assert third.action is Action.RECYCLE
+    assert third.ruling is Ruling.RECYCLE
     flat = evaluate(series(lambda i: BASE), dataclasses.replace(facts, trend_streak=2), policy,
                     89.0)
     assert flat.trend_streak == 0
@@ -140,38 +140,38 @@ def test_confirmations_need_consecutive_evaluations() -> None:
 def test_no_trend_judgement_before_warmup() -> None:
     leak = series(lambda i: BASE + 5 * MB * i)
     by_jobs = dataclasses.replace(POLICY, warmup_jobs=10_000)
-    assert decide(leak, by_jobs)[0] is Action.KEEP
+    assert decide(leak, by_jobs)[0] is Ruling.KEEP
     by_time = dataclasses.replace(POLICY, warmup_seconds=3600)
-    assert decide(leak, by_time)[0] is Action.KEEP
+    assert decide(leak, by_time)[0] is Ruling.KEEP
     # ... but a full window after warm-up, it is judged: without max_memory nothing is
     # urgent, and half a window (35 samples) is not enough ...
-    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=55))[0] is Action.KEEP
-    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=29))[0] is Action.RECYCLE
+    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=55))[0] is Ruling.KEEP
+    assert decide(leak, dataclasses.replace(POLICY, warmup_seconds=29))[0] is Ruling.RECYCLE
     # ... while with max_memory, half a window is (the time to the limit decides when).
     near = dataclasses.replace(POLICY, warmup_seconds=55, max_memory=BASE + 460 * MB)
-    assert decide(leak, near)[0] is Action.RECYCLE
+    assert decide(leak, near)[0] is Ruling.RECYCLE
 
 
 def test_hard_limits_apply_during_warmup() -> None:
     policy = dataclasses.replace(POLICY, warmup_seconds=3600, max_memory=BASE + 100 * MB,
                                  kill_memory=BASE + 200 * MB)
-    assert decide(series(lambda i: BASE + 150 * MB), policy) == (Action.RECYCLE, "max_memory")
-    assert decide(series(lambda i: BASE + 250 * MB), policy) == (Action.KILL, "kill_memory")
+    assert decide(series(lambda i: BASE + 150 * MB), policy) == (Ruling.RECYCLE, "max_memory")
+    assert decide(series(lambda i: BASE + 250 * MB), policy) == (Ruling.KILL, "kill_memory")
 
 
 def test_vram_limits() -> None:
     samples = [dataclasses.replace(s, vram=1000 * MB + s.jobs * MB) for s in series(lambda i: BASE)]
     assert decide(samples, dataclasses.replace(POLICY, max_vram=500 * MB))[1] == "max_vram"
     trend = dataclasses.replace(POLICY, max_vram_growth_per_1k_jobs=100 * MB)
-    assert decide(samples, trend) == (Action.RECYCLE, "vram_growth_per_1k_jobs")
+    assert decide(samples, trend) == (Ruling.RECYCLE, "vram_growth_per_1k_jobs")
 
 
 def test_lifetime_limits_with_jitter() -> None:
     samples = series(lambda i: BASE, n=20)  # 190 jobs, 19 s old
-    assert decide(samples, dataclasses.replace(POLICY, max_jobs=200))[0] is Action.KEEP
+    assert decide(samples, dataclasses.replace(POLICY, max_jobs=200))[0] is Ruling.KEEP
     assert decide(samples, dataclasses.replace(POLICY, max_jobs=200), jitter=0.1) == (
-        Action.RECYCLE, "max_jobs")
-    assert decide(samples, dataclasses.replace(POLICY, max_age=20.0))[0] is Action.KEEP
+        Ruling.RECYCLE, "max_jobs")
+    assert decide(samples, dataclasses.replace(POLICY, max_age=20.0))[0] is Ruling.KEEP
     assert decide(samples, dataclasses.replace(POLICY, max_age=20.0), jitter=0.1)[1] == "max_age"
 
 
@@ -216,7 +216,7 @@ def test_noise_and_spikes_on_a_flat_series_never_trigger(level: int, noise: floa
     samples = series(lambda i: level + bumps.get(i, 0), noise=noise, seed=seed)
     samples = [dataclasses.replace(s, memory=max(0, s.memory)) for s in samples]
     policy = dataclasses.replace(POLICY, max_growth_per_hour=1024 * MB)
-    assert decide(samples, policy)[0] is Action.KEEP
+    assert decide(samples, policy)[0] is Ruling.KEEP
 
 
 @settings(max_examples=150, deadline=None)
@@ -231,7 +231,7 @@ def test_never_recycled_before_warmup_without_a_hard_limit(rate_mb: float, warmu
     action, _ = decide(samples, policy)
     warmed = [s for s in samples if s.t >= warmup_seconds and s.jobs >= warmup_jobs]
     if len(warmed) < 30:  # half the trend window
-        assert action is Action.KEEP
+        assert action is Ruling.KEEP
 
 
 @settings(max_examples=100, deadline=None)
@@ -240,13 +240,13 @@ def test_steady_leaks_well_over_the_limit_are_caught(mb_per_1k: float, noise_fra
                                                      seed: int) -> None:
     per_sample = mb_per_1k * MB * JOBS_PER_SAMPLE / 1000
     samples = series(lambda i: BASE + per_sample * i, noise=per_sample * noise_fraction, seed=seed)
-    assert decide(samples) == (Action.RECYCLE, "growth_per_1k_jobs")
+    assert decide(samples) == (Ruling.RECYCLE, "growth_per_1k_jobs")
 
 
 # --- decaying growth without max_memory, and the lead to max_memory -------------------------
 
 def walk(samples: list[Sample], policy: PolicyConfig, facts: WorkerFacts) -> list[
-        tuple[float, Action, float | None]]:
+        tuple[float, Ruling, float | None]]:
     """Evaluate at every poll as the monitor does, carrying the streak: (time, action,
     seconds to the limit) per poll, up to and including the first non-KEEP verdict."""
     out = []
@@ -256,8 +256,8 @@ def walk(samples: list[Sample], policy: PolicyConfig, facts: WorkerFacts) -> lis
         verdict = evaluate(samples[:end], dataclasses.replace(
             facts, jobs=samples[end - 1].jobs, trend_streak=streak), policy, now)
         streak = verdict.trend_streak
-        out.append((now, verdict.action, verdict.assessment.seconds_to_limit))
-        if verdict.action is not Action.KEEP:
+        out.append((now, verdict.ruling, verdict.assessment.seconds_to_limit))
+        if verdict.ruling is not Ruling.KEEP:
             break
     return out
 
@@ -269,10 +269,10 @@ def test_a_ramp_that_levels_off_is_not_recycled_without_max_memory() -> None:
     policy = dataclasses.replace(POLICY, trend_window=60, trend_confirmations=3)
     ramp = series(decaying(312 * MB, 20.0), n=240, noise=1 * MB, seed=3)
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
-    assert all(action is Action.KEEP for _, action, _ in walk(ramp, policy, facts))
+    assert all(action is Ruling.KEEP for _, action, _ in walk(ramp, policy, facts))
     # The same ramp that never levels off (the growth of its first 20 s, kept up) is a leak.
     steady = series(lambda i: BASE + 312 * MB / 20.0 * i, n=240, noise=1 * MB, seed=3)
-    assert walk(steady, policy, facts)[-1][1] is Action.RECYCLE
+    assert walk(steady, policy, facts)[-1][1] is Ruling.RECYCLE
 
 
 @settings(max_examples=100, deadline=None)
@@ -291,7 +291,7 @@ def test_a_leak_that_pauses_is_still_recycled(mb_per_1k: float, pause_at: int, p
     samples = series(memory, n=300, noise=per_sample * noise_fraction, seed=seed)
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
     assert walk(samples, dataclasses.replace(POLICY, trend_confirmations=3), facts)[-1][1] \
-        is Action.RECYCLE
+        is Ruling.RECYCLE
 
 
 def test_a_leak_with_max_memory_serves_until_its_replacement_needs_the_time_left() -> None:
@@ -304,14 +304,14 @@ def test_a_leak_with_max_memory_serves_until_its_replacement_needs_the_time_left
     leak = series(lambda i: BASE + per_second * i, n=1100, noise=0.5 * MB)
     facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=0, jitter=0.0)
     now, action, left = walk(leak, policy, facts)[-1]
-    assert action is Action.RECYCLE
+    assert action is Ruling.RECYCLE
     assert left is not None and 0 < left <= 3 * 15.0 + 3 * 1.0
     assert now > 900  # it served ~15 minutes more than it would have
     eager = walk(leak, dataclasses.replace(policy, trend_lead=0.0), facts)[-1]
-    assert eager[1] is Action.RECYCLE and eager[0] < 100
+    assert eager[1] is Ruling.RECYCLE and eager[0] < 100
     # A start-up not yet known (no ready time) falls back to the horizon: act when confirmed.
     unknown = walk(leak, policy, dataclasses.replace(facts, ready_at=None))[-1]
-    assert unknown[1] is Action.RECYCLE and unknown[0] < 100
+    assert unknown[1] is Ruling.RECYCLE and unknown[0] < 100
 
 
 def test_lead_is_reported_in_the_assessment() -> None:
@@ -334,7 +334,7 @@ def test_the_lead_gates_host_memory_only_never_a_vram_trend() -> None:
                for s in series(lambda i: BASE + 0.03 * MB * i)]  # ~100 MiB/h of host growth
     facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=samples[-1].jobs, jitter=0.0)
     verdict = evaluate(samples, facts, policy, samples[-1].t)
-    assert (verdict.action, verdict.reason) == (Action.RECYCLE, "vram_growth_per_1k_jobs")
+    assert (verdict.ruling, verdict.reason) == (Ruling.RECYCLE, "vram_growth_per_1k_jobs")
 
 
 def test_the_lead_waits_for_every_turn_of_recycles_ahead() -> None:
@@ -355,7 +355,7 @@ def test_a_ramp_is_judged_alike_while_the_window_fills(tau: float) -> None:
     policy = dataclasses.replace(POLICY, trend_window=60, trend_confirmations=3)
     ramp = series(decaying(300 * MB, tau), n=200, noise=0.5 * MB, seed=1)
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
-    assert all(action is Action.KEEP for _, action, _ in walk(ramp, policy, facts))
+    assert all(action is Ruling.KEEP for _, action, _ in walk(ramp, policy, facts))
 
 
 def test_a_leak_that_speeds_up_is_projected_at_its_recent_rate() -> None:
@@ -372,7 +372,7 @@ def test_a_leak_that_speeds_up_is_projected_at_its_recent_rate() -> None:
     leak = series(memory, n=900, noise=0.2 * MB)
     facts = WorkerFacts(started_at=-15.0, ready_at=0.0, jobs=0, jitter=0.0)
     now, action, _ = walk(leak, policy, facts)[-1]
-    assert action is Action.RECYCLE
+    assert action is Ruling.RECYCLE
     actually_left = (BASE + 55 * MB - memory(int(now))) / (1.0 * MB)
     assert actually_left >= 20.0, actually_left
 
@@ -387,7 +387,7 @@ def test_a_noisy_leak_is_recycled_with_the_shortest_window(seed: int) -> None:
     # (seed 8 the latest), so the series is long enough for every seed.
     leak = series(lambda i: BASE + 0.3 * MB * i, n=3000, noise=3 * MB, seed=seed)  # 3x
     facts = WorkerFacts(started_at=0.0, jobs=0, jitter=0.0)
-    assert walk(leak, policy, facts)[-1][1] is Action.RECYCLE
+    assert walk(leak, policy, facts)[-1][1] is Ruling.RECYCLE
 
 
 # --- a real series -------------------------------------------------------------------------
@@ -409,7 +409,7 @@ def test_the_recorded_predict_ramp_is_kept_by_the_defaults(worker: str) -> None:
     # its ramp ended. Without max_memory a full window is judged: its second half is flat.
     samples = recorded_ramp(worker)
     facts = WorkerFacts(started_at=0.0, ready_at=samples[0].t, jobs=0, jitter=0.0)
-    assert all(action is Action.KEEP for _, action, _ in walk(samples, PolicyConfig(), facts))
+    assert all(action is Ruling.KEEP for _, action, _ in walk(samples, PolicyConfig(), facts))
 
 
 def test_the_recorded_ramp_kept_up_is_recycled_by_the_defaults() -> None:
@@ -421,4 +421,4 @@ def test_the_recorded_ramp_kept_up_is_recycled_by_the_defaults() -> None:
     leak = [s if s.t <= cut.t else dataclasses.replace(
         s, memory=int(cut.memory + per_job * (s.jobs - cut.jobs))) for s in samples]
     facts = WorkerFacts(started_at=0.0, ready_at=first.t, jobs=0, jitter=0.0)
-    assert walk(leak, PolicyConfig(), facts)[-1][1] is Action.RECYCLE
+    assert walk(leak, PolicyConfig(), facts)[-1][1] is Ruling.RECYCLE

@@ -1,5 +1,5 @@
 """Leak probes: the worker's recorder (worker/probes.py) on fake readings with time passed
-in, the wire form (supervisor/probes.py) against hostile input, and real workers'
+in, the wire form (supervisor/shared/probes.py) against hostile input, and real workers'
 heartbeats carrying them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.probes import MAX_COUNT, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
+from supervisor.shared.probes import MAX_COUNT, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
 from worker import probes as wp
 from worker.probes import (
     BUDGET,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 import zmq
 
-from supervisor.protocol import INFER, VERSION, Message, decode, pack_arrays, unpack_arrays
+from supervisor.shared.protocol import INFER, VERSION, Message, decode, pack_arrays, unpack_arrays
 from tests.conftest import Supervisor
 from tests.test_faults import RawClient, codes, markers
 

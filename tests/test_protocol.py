@@ -13,7 +13,7 @@ import zmq
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from supervisor.protocol import (
+from supervisor.shared.protocol import (
     ERROR,
     INFER,
     INTERNAL_HOP,

@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from supervisor.sampling import Descendants, read_memory
+from supervisor.daemon.sampling import Descendants, read_memory
 
 
 def test_descendants_are_found_and_counted() -> None:

@@ -21,9 +21,9 @@ import zmq.auth
 
 from supervisor.aclient import AsyncClient
 from supervisor.client import BadRequest, Client, JobError, NoReply
-from supervisor.config import parse_config
-from supervisor.protocol import HEARTBEAT, READY, Message, encode
-from supervisor.settings import ConfigErrors
+from supervisor.config.loading import parse_config
+from supervisor.config.settings import ConfigErrors
+from supervisor.shared.protocol import HEARTBEAT, READY, Message, encode
 from tests.conftest import echo_model, short_tmpdir
 
 X = {"x": np.ones((2, 4), np.float32)}

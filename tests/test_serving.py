@@ -28,7 +28,7 @@ from supervisor.client import (
     Unavailable,
     UnknownModel,
 )
-from supervisor.protocol import INFER, MODELS, VERSION, Message, decode, encode, pack_arrays
+from supervisor.shared.protocol import INFER, MODELS, VERSION, Message, decode, encode, pack_arrays
 from tests.conftest import Supervisor, echo_model, start_supervisor
 
 SLEEP_MARK = -2.0
@@ -158,7 +158,7 @@ def test_unknown_model(echo_sup: Supervisor) -> None:
     ({"y": np.zeros((2, 4), np.float32)}, "do not match"),
     ({"x": np.zeros((2, 4), np.float32), "z": np.zeros(2, np.float32)}, "do not match"),
 ])
-def test_wrong_inputs_refused_at_the_door(echo_sup: Supervisor, inputs: dict[str, Any],
+def test_wrong_inputs_refused_at_admission(echo_sup: Supervisor, inputs: dict[str, Any],
                                           fragment: str) -> None:
     with echo_sup.client() as client, pytest.raises(BadRequest) as err:
         client.infer("echo", inputs)
@@ -304,7 +304,7 @@ def test_fuzzed_messages_get_one_reply_each(echo_sup: Supervisor, data: st.DataO
     assert decode(reply).kind in answers
 
 
-def test_string_jobs_through_a_handler_and_bad_string_frames_at_the_door(
+def test_string_jobs_through_a_handler_and_bad_string_frames_at_admission(
         supervisor_factory: Any) -> None:
     sup = supervisor_factory({"models": {"words": echo_model(
         1, inputs={"s": {"dtype": "string", "shape": [None]}})}})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from supervisor.daemon import SignalInbox
+from supervisor.daemon.signals import SignalInbox
 
 
 def test_a_signal_recorded_while_the_taken_ones_are_handled_is_taken_once() -> None:

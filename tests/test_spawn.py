@@ -1,4 +1,5 @@
-"""The spawn contract (supervisor/spawn.py) and the worker's side of it, on real processes.
+"""The spawn contract (supervisor/config/worker_spec.py) and the worker's side of it, on real
+processes.
 
 The worker subprocesses here run the TF-free echo handler against a fake backend (a ROUTER
 socket in a short temporary directory); every wait is on a condition (a message, a process
@@ -25,23 +26,9 @@ import zmq
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.config import TfConfig, load_config
-from supervisor.exitcodes import WorkerExit
-from supervisor.protocol import (
-    HEARTBEAT,
-    INTERNAL_HOP,
-    JOB,
-    READY,
-    RESULT,
-    RESULTS,
-    STOP,
-    Message,
-    decode,
-    encode,
-    pack_arrays,
-    unpack_results,
-)
-from supervisor.spawn import (
+from supervisor.config.keys import TfConfig
+from supervisor.config.loading import load_config
+from supervisor.config.worker_spec import (
     ENV_VAR,
     LOG_FORMATS,
     LOG_LEVELS,
@@ -54,6 +41,21 @@ from supervisor.spawn import (
     build_spec,
     worker_command,
     worker_env,
+)
+from supervisor.shared.exitcodes import WorkerExit
+from supervisor.shared.protocol import (
+    HEARTBEAT,
+    INTERNAL_HOP,
+    JOB,
+    READY,
+    RESULT,
+    RESULTS,
+    STOP,
+    Message,
+    decode,
+    encode,
+    pack_arrays,
+    unpack_results,
 )
 from supervisor.testing import short_tmpdir
 
@@ -370,13 +372,13 @@ def test_worker_whose_parent_is_not_the_spec_parent_exits_orphaned(
 # A subreaper (this helper) inherits the worker, so it can wait for the worker's exit status.
 ORPHAN_SCENARIO = r"""
 import ctypes, dataclasses, json, os, signal, subprocess, sys, time
-from supervisor.spawn import ENV_VAR, WorkerSpec, worker_command
+from supervisor.config.worker_spec import ENV_VAR, WorkerSpec, worker_command
 if ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1) != 0:  # PR_SET_CHILD_SUBREAPER
     print(json.dumps({"error": "cannot become a child subreaper"}))
     sys.exit(0)
 doomed = '''
 import dataclasses, os, signal, subprocess, sys
-from supervisor.spawn import ENV_VAR, WorkerSpec, worker_command
+from supervisor.config.worker_spec import ENV_VAR, WorkerSpec, worker_command
 spec = dataclasses.replace(WorkerSpec.from_env(sys.argv[1]), parent_pid=os.getpid())
 worker = subprocess.Popen(worker_command(spec), env={**os.environ, ENV_VAR: spec.to_env()},
                           stdin=subprocess.DEVNULL)

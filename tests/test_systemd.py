@@ -35,12 +35,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.config import parse_config
-from supervisor.core import EXIT_MARGIN, Core
-from supervisor.lifecycle import STOP_GRACE
-from supervisor.notify import Notifier
-from supervisor.reporting import EXTEND_AHEAD, EXTEND_EVERY, Reporter
-from supervisor.spawn import SYSTEMD_ONLY
+from supervisor.config.loading import parse_config
+from supervisor.config.worker_spec import SYSTEMD_ONLY
+from supervisor.core.core import EXIT_MARGIN, Core
+from supervisor.core.lifecycle import STOP_GRACE
+from supervisor.daemon.notify import Notifier
+from supervisor.daemon.reporting import EXTEND_AHEAD, EXTEND_EVERY, Reporter
 from tests import syscall_filter
 from tests.conftest import echo_model, start_supervisor
 from tests.test_operations import NotifySocket

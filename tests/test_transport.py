@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import zmq
 
-from supervisor.protocol import INFER, VERSION, ZERO_COPY_MIN, Message, encode, pack_arrays
-from supervisor.transport import NOBLOCK, recv, send
+from supervisor.shared.protocol import INFER, VERSION, ZERO_COPY_MIN, Message, encode, pack_arrays
+from supervisor.shared.transport import NOBLOCK, recv, send
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from supervisor.units import (
+from supervisor.config.units import (
     MAX_DURATION,
     MAX_SIZE,
     format_duration,

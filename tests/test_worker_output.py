@@ -1,5 +1,5 @@
-"""Worker stdout/stderr under JSON logs (supervisor/output.py): the pure line splitter,
-classifier and rate limit with the time passed in, the pipes on real file descriptors, and
+"""Worker stdout/stderr under JSON logs (supervisor/daemon/worker_output.py): the pure line
+splitter, classifier and rate limit with the time passed in, the pipes on real file descriptors, and
 a live supervisor whose workers print junk, flood and crash."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 import structlog
 import zmq
 
-from supervisor import output
 from supervisor.client import JobError
-from supervisor.output import (
+from supervisor.daemon import worker_output as output
+from supervisor.daemon.worker_output import (
     BURST,
     MAX_LINE,
     REPORT_PERIOD,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.padding import array_lengths, cut, lengths, pad
-from supervisor.protocol import (
+from supervisor.shared.padding import array_lengths, cut, lengths, pad
+from supervisor.shared.protocol import (
     BAD_REQUEST,
     INTERNAL,
     MAX_ARRAYS,
@@ -75,10 +75,10 @@ def _unpack(runner: Runner, entry: JobEntry, replies: list[Message]) -> Part | N
     try:
         parsed = parse_specs(entry.inputs)
         inputs_known = runner.client_inputs
-        if inputs_known is not None:  # defence in depth: the door checked when it knew
+        if inputs_known is not None:  # defence in depth: admission checked when it knew
             check_specs(inputs_known, parsed)
         if runner.padding:
-            lengths(parsed, runner.padding, door=False)
+            lengths(parsed, runner.padding, at_admission=False)
         inputs = arrays_from(parsed, entry.arrays)
     except ProtocolError as exc:
         replies.append(error_message(entry.id, BAD_REQUEST, str(exc)))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.protocol import TensorSpec
+from supervisor.shared.protocol import TensorSpec
 from worker import request_recycle
 
 Arrays = dict[str, np.ndarray]

@@ -15,8 +15,8 @@ import threading
 
 import zmq
 
-from supervisor.exitcodes import WorkerExit
-from supervisor.protocol import HEARTBEAT, Message, encode, signed
+from supervisor.shared.exitcodes import WorkerExit
+from supervisor.shared.protocol import HEARTBEAT, Message, encode, signed
 from worker import runtime
 from worker.probes import ProbeRecorder
 

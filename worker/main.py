@@ -1,7 +1,7 @@
 """Worker process entry point: set up TF, load, warm up, report ready, serve jobs.
 
 Started by the supervisor as ``python -m worker --id ID --model NAME`` with a
-:class:`~supervisor.spawn.WorkerSpec` as JSON in the TFSUPERVISOR_WORKER environment
+:class:`~supervisor.config.worker_spec.WorkerSpec` as JSON in the TFSUPERVISOR_WORKER environment
 variable: every setting comes from the spec, none has a default here.
 """
 
@@ -19,10 +19,11 @@ from typing import Any
 import zmq
 from zmq.backend import zmq_poll
 
-from supervisor import logs
-from supervisor.exitcodes import WorkerExit
-from supervisor.probes import KERAS_PREDICT_REMEDY
-from supervisor.protocol import (
+from supervisor.config.worker_spec import ENV_VAR, SpawnError, WorkerSpec
+from supervisor.shared import logs
+from supervisor.shared.exitcodes import WorkerExit
+from supervisor.shared.probes import KERAS_PREDICT_REMEDY
+from supervisor.shared.protocol import (
     ERROR,
     INTERNAL_HOP,
     JOB,
@@ -35,8 +36,7 @@ from supervisor.protocol import (
     pack_results,
     signed,
 )
-from supervisor.spawn import ENV_VAR, SpawnError, WorkerSpec
-from supervisor.transport import recv, send
+from supervisor.shared.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
@@ -46,7 +46,7 @@ from worker.warmup import check_padding, output_specs, verify, warm
 
 PR_SET_PDEATHSIG = 1
 
-log = logs.get("worker")
+log = logs.get(__name__)
 
 
 class StopFlag:
@@ -70,9 +70,9 @@ def die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Under JSON logs stdout is the supervisor's pipe (supervisor/output.py), which Python
-    # would buffer in 8 KiB blocks: a handler's prints would come late, out of order with
-    # stderr, and be lost with the process when it crashes.
+    # Under JSON logs stdout is the supervisor's pipe (supervisor/daemon/worker_output.py),
+    # which Python would buffer in 8 KiB blocks: a handler's prints would come late, out of
+    # order with stderr, and be lost with the process when it crashes.
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)
     parser = argparse.ArgumentParser(prog="python -m worker")

@@ -1,17 +1,21 @@
 """Leak probes: what in this worker grows, measured cheaply enough to leave on.
 
+What is measured
+----------------
 The serving loop owns one :class:`ProbeRecorder`. It wraps the model call to count each
 batch's input signature (names, dtypes and full shapes, as the handler receives them) and to
 read this process's RSS before and after the batch, crediting any growth to the signature
-(every batch of a new signature, the others as the budget allows); between batches (never
-per job) it samples the rest at most once per heartbeat interval: functions
-in TensorFlow's eager context (one more per trace), Python's allocated blocks, the native
-heap (glibc mallinfo2) and TF's allocators; when Python's blocks or RSS have grown, at most
-once a minute, a census: live objects by type, and the containers that grew with what they
-hold (found from the garbage collector's list and from the handler, which leads to the ones
-it does not track). Each sample ends in a new immutable
-:class:`~supervisor.probes.Probes` the heartbeat thread sends as it is.
+(every batch of a new signature, the others as the budget allows). Between batches (never
+per job) it samples the rest at most once per heartbeat interval: functions in TensorFlow's
+eager context (one more per trace), Python's allocated blocks, the native heap (glibc
+mallinfo2) and TF's allocators. When Python's blocks or RSS have grown, at most once a
+minute, it takes a census: live objects by type, and the containers that grew with what
+they hold (found from the garbage collector's list and from the handler, which leads to the
+ones it does not track). Each sample ends in a new immutable
+:class:`~supervisor.shared.probes.Probes` the heartbeat thread sends as it is.
 
+Cost and pacing
+---------------
 Counting a batch's signature is the one fixed cost (~1 µs a batch; several µs in a TF
 worker, where the Python that follows a model call runs with cold caches). Everything else
 is paced by what it costs, so that each part takes at most ``BUDGET`` of the serving
@@ -23,6 +27,8 @@ sampled every interval (~3 ms of CPU in a TF worker, mostly mallinfo2 walking th
 because a leak is diagnosed from readings and a fast one is recycled within seconds.
 Measured: bench/results/probe_cost.md.
 
+Readings and time
+-----------------
 Readings come from :class:`Sources` (this process by default; tests pass fakes). Time comes
 in as ``now``; the clocks of ``Sources`` only time the probes themselves, which is what
 paces them.
@@ -48,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from supervisor import logs
-from supervisor.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
+from supervisor.shared import logs
+from supervisor.shared.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
 from worker.runners import Runner
 
 # Input signatures kept with their batches and growth; more are counted, not kept.
@@ -108,7 +114,7 @@ TRACED_PREFIX = "__inference_"
 
 Key = tuple[tuple[str, Any, tuple[int, ...]], ...]  # (name, numpy dtype, shape) per input
 
-log = logs.get("worker")
+log = logs.get(__name__)
 
 
 @dataclass

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.padding import PadDim, generated_inputs
-from supervisor.protocol import DTYPES, TensorSpec
+from supervisor.shared.padding import PadDim, generated_inputs
+from supervisor.shared.protocol import DTYPES, TensorSpec
 
 Arrays = dict[str, np.ndarray]
 

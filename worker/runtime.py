@@ -3,8 +3,8 @@
 Thread counts and GPU memory growth are also exported as the environment variables TF reads
 at import, so a user handler that imports TensorFlow itself gets the same settings.
 
-``tf_settings`` is the spec's ``tf`` dict (supervisor/spawn.py): every field of TfConfig is
-present, so no default is written here a second time.
+``tf_settings`` is the spec's ``tf`` dict (supervisor/config/worker_spec.py): every field of
+TfConfig is present, so no default is written here a second time.
 """
 
 from __future__ import annotations

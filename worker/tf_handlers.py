@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from supervisor.protocol import TensorSpec
+from supervisor.shared.protocol import TensorSpec
 
 
 class Retracing:

@@ -14,13 +14,13 @@ import time
 
 import numpy as np
 
-from supervisor import logs
-from supervisor.padding import PadDim, cut, fits_dtype, pad
-from supervisor.protocol import TensorSpec, wire_dtype
-from supervisor.strings import STRING
+from supervisor.shared import logs
+from supervisor.shared.padding import PadDim, cut, fits_dtype, pad
+from supervisor.shared.protocol import TensorSpec, wire_dtype
+from supervisor.shared.strings import STRING
 from worker.runners import Arrays, LoadError, Runner
 
-log = logs.get("worker")
+log = logs.get(__name__)
 
 # Outputs of a job padded and unpadded must agree to this (float32 sums in another order).
 RTOL, ATOL = 1e-3, 1e-5

@@ -1,0 +1,454 @@
+"""The `tfsupervisor` command: run, check, infer, status, demo-model, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supervisor.cli.render import render_explain, render_status
+from supervisor.config.keys import Config
+from supervisor.config.loading import (
+    config_reference,
+    config_schema,
+    control_endpoints,
+    load_config,
+)
+from supervisor.config.settings import ConfigErrors
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _version() -> str:
+    try:
+        return version("tfsupervisor")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _load(path: str) -> Config:
+    try:
+        return load_config(path)
+    except ConfigErrors as errors:
+        print(f"{path}: {len(errors.errors)} error(s)", file=sys.stderr)
+        for error in errors.errors:
+            print(f"  {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from supervisor.daemon.daemon import Daemon
+    from supervisor.shared import logs
+    from supervisor.shared.exitcodes import DaemonExit
+
+    # Logging first: a config that cannot be used is one JSON event too under --log-format
+    # json (journald readers parse every line), not a block of text.
+    logs.configure("info", args.log_format or "auto")
+    log = logs.get(__name__)
+    try:
+        config = load_config(args.config)
+    except ConfigErrors as errors:
+        log.error("supervisor_start_failed", exit_code=int(DaemonExit.CONFIG),
+                  error=f"{args.config}: {len(errors.errors)} config error(s)",
+                  errors=[str(e) for e in errors.errors])
+        return DaemonExit.CONFIG
+    log_format = args.log_format or config.supervisor.log_format
+    logs.configure(config.supervisor.log_level, log_format)
+    try:
+        daemon = Daemon(config)
+        daemon.log_format = log_format
+        return daemon.run()
+    except Exception:  # a bug that escaped the loop's guards: logged, and a status that
+        # systemd restarts on (1 is a config error, which RestartPreventExitStatus lists)
+        logs.get(__name__).exception("supervisor_crashed",
+                                     exit_code=int(DaemonExit.START_FAILED))
+        return DaemonExit.START_FAILED
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from supervisor.cli.preflight import preflight
+
+    config = _load(args.config)
+    findings = preflight(config)
+    for finding in findings:
+        print(f"{args.config}: {finding}", file=sys.stderr)
+    if any(f.error for f in findings):
+        return 1
+    workers = sum(m.workers for m in config.models.values())
+    print(f"{args.config}: OK — {len(config.models)} model(s) "
+          f"({', '.join(sorted(config.models))}), {workers} worker(s), "
+          f"frontend {', '.join(config.supervisor.endpoints)}")
+    return 0
+
+
+def _control_endpoint(args: argparse.Namespace, admin: bool) -> str:
+    """The endpoint to reach: --control / --admin, else the config's, read leniently: the
+    running daemon was started from an earlier, valid file, so a bad edit must not cut the
+    operator (or a liveness probe) off from it."""
+    given = args.admin if admin else args.control
+    if given:
+        return str(given)
+    found = control_endpoints(args.config)
+    if found.problems:
+        print(f"warning: {args.config} does not validate ({len(found.problems)} error(s); "
+              f"`tfsupervisor check -c {args.config}`); reaching the running daemon anyway",
+              file=sys.stderr)
+    return found.admin if admin else found.control
+
+
+def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
+    shape = [batch if i == 0 and d is None else (1 if d is None else d)
+             for i, d in enumerate(spec["shape"])]
+    rng = np.random.default_rng()
+    if spec["dtype"] == "string":
+        words = np.array([b"alpha", b"beta", b"gamma", b"delta"], dtype=object)
+        return rng.choice(words, size=shape)
+    dtype = np.dtype(spec["dtype"])
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.integers(0, 10, shape).astype(dtype)
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from supervisor.client.client import Client, JobError
+
+    config = _load(args.config)
+    inputs: dict[str, np.ndarray] = {}
+    with Client(list(config.supervisor.endpoints), timeout=args.timeout,
+                **_curve_args(args)) as client:
+        try:
+            if args.random:
+                model = client.models().get(args.model)
+                if model is None or model.get("inputs") is None:
+                    print(f"model '{args.model}' is not served or its inputs are not known "
+                          "yet (no worker ready)", file=sys.stderr)
+                    return 1
+                inputs = {s["name"]: _random_input(s, args.batch) for s in model["inputs"]}
+            for item in args.input:
+                name, _, path = item.partition("=")
+                inputs[name] = np.load(path, allow_pickle=False)
+            outputs = client.infer(args.model, inputs)
+        except JobError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    np.set_printoptions(threshold=50, edgeitems=4)
+    for name, array in outputs.items():
+        print(f"{name}: {array.dtype}{list(array.shape)}")
+        print(array)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from supervisor.client.client import JobError, control
+
+    endpoint = _control_endpoint(args, admin=False)
+    try:
+        report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
+    except JobError as exc:
+        if not args.ready:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.ready:  # a readiness probe: the exit code is the answer
+        return 0 if report.get("ready") else 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_status(report))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from supervisor.client.client import JobError, control
+
+    endpoint = _control_endpoint(args, admin=False)
+    try:
+        while True:
+            try:
+                report = control(endpoint, "status", timeout=args.interval + 5,
+                                 **_curve_args(args))
+                screen = render_status(report)
+            except JobError as exc:
+                screen = f"error: {exc}"
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {endpoint} — "
+                             f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from supervisor.client.client import JobError, control
+
+    endpoint = _control_endpoint(args, admin=False)
+    try:
+        report = control(endpoint, "explain", timeout=args.timeout, model=args.model,
+                         **_curve_args(args))
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_explain(report))
+    return 0
+
+
+def cmd_recycle(args: argparse.Namespace) -> int:
+    from supervisor.client.client import JobError, control
+
+    endpoint = _control_endpoint(args, admin=True)
+    try:
+        result = control(endpoint, "recycle", timeout=args.timeout,
+                         model=args.model, worker=args.worker, **_curve_args(args))
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    scheduled = result["scheduled"]
+    print(f"recycling {', '.join(scheduled) or 'nothing'} (replacement first, then drain; "
+          "watch with `tfsupervisor status`)")
+    return 0
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    from supervisor.client.client import JobError, control
+
+    # The daemon reads and validates the file itself and answers with every error: a
+    # rejected reload is then logged (config_rejected) and counted where operators look.
+    endpoint = _control_endpoint(args, admin=True)
+    try:
+        result = control(endpoint, "reload", timeout=args.timeout, **_curve_args(args))
+    except JobError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
+                          or "no changes"))
+    starting = [*result.get("added", []), *result.get("replaced", []),
+                *result.get("retried", [])]
+    if starting and args.wait is None:
+        print(f"new workers are starting for {', '.join(starting)}; a model whose new workers "
+              "fail to load keeps its old ones serving (see `tfsupervisor status`, or reload "
+              "with --wait SECONDS)")
+    if args.wait is None:
+        return 0
+    return _wait_for_workers(endpoint, args)
+
+
+def _wait_seconds(text: str) -> float:
+    """--wait: a finite number of seconds, 0 or more (nan would never run out)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return seconds
+
+
+def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
+    """After a reload: until every model serves on workers of the settings now in force (0),
+    or one's new workers fail to start (1: the old ones serve on), or --wait runs out (1).
+    Every model is waited for, not only those this reload changed: a repeated reload must
+    not call a replacement that an earlier one left failing or unfinished a success."""
+    from supervisor.client.client import JobError, control
+
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            status = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
+        except JobError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        models = [m for m, s in status["models"].items() if not s.get("removed")]
+        failed = reload_failures(status, models)
+        if failed:
+            for name, error in failed.items():
+                serving = "the old ones serve on" if status["models"][name]["available"] \
+                    else "nothing serves it"
+                print(f"error: {name}: new workers fail to start ({serving}): {error}",
+                      file=sys.stderr)
+            return 1
+        waiting = [m for m in models if not reload_settled(status["models"].get(m))]
+        if not waiting:
+            print(f"serving on workers of the current settings: {', '.join(models)}")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"error: still starting after {args.wait:g}s: {', '.join(waiting)}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+
+
+def reload_failures(status: dict[str, Any], models: list[str]) -> dict[str, str]:
+    """Models (of those named) whose workers failed to start since, with the error."""
+    return {m: str(s["last_error"]) for m in models
+            if (s := status["models"].get(m)) is not None and s.get("last_error")}
+
+
+def reload_settled(model: dict[str, Any] | None) -> bool:
+    """Every worker ready and staying, as many as configured: nothing left of the reload."""
+    if model is None:
+        return True  # removed again since: nothing to wait for
+    workers = model["workers"]
+    staying = [w for w in workers if not (w.get("recycle_reason") or w.get("recycle_requested")
+                                          or w.get("recycle_held_back"))]
+    return len(staying) == len(workers) and len(workers) >= model["configured_workers"] \
+        and all(w["state"] == "ready" for w in workers)
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if (path / "saved_model.pb").exists() and not args.force:
+        print(f"{path}: demo model already there (use --force to rebuild)")
+        return 0
+    # Built in a child process: the `tfsupervisor` command itself never imports TensorFlow.
+    code = subprocess.call([sys.executable, "-m", "worker.demo_model", str(path)])
+    if code == 0:
+        print(f"{path}: demo model written (SavedModel, signature serving_default)")
+    return code
+
+
+def _curve_args(args: argparse.Namespace) -> dict[str, Any]:
+    """CURVE keys for talking to a TCP endpoint that requires them (ipc needs none)."""
+    if args.server_key and args.client_cert:
+        return {"server_key": args.server_key, "client_cert": args.client_cert}
+    return {}
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from supervisor.daemon.security import KeysExist, keygen
+
+    try:
+        files = keygen(Path(args.directory), force=args.force)
+    except KeysExist as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"""wrote CURVE keys to {args.directory}:
+  server secret  {files["server_secret"]}   (keep on the supervisor host only)
+  server public  {files["server_public"]}   (give to clients)
+  client secret  {files["client_secret"]}   (give to one client; make one pair per client)
+  authorized     {files["authorized_clients"]}/   (client public keys the server admits)
+
+config.yaml:
+  supervisor:
+    curve:
+      server_secret_key: {files["server_secret"]}
+      authorized_clients: {files["authorized_clients"]}
+
+client:
+  Client("tcp://HOST:PORT", server_key="{files["server_public"]}",
+         client_cert="{files["client_secret"]}")""")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(config_reference())
+    else:
+        print(json.dumps(config_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfsupervisor",
+        description="Supervise TensorFlow inference workers: ZeroMQ jobs, memory-aware "
+                    "recycling.")
+    parser.add_argument("--version", action="version", version=f"tfsupervisor {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Any, help: str, config: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        if config:
+            p.add_argument("-c", "--config", default=DEFAULT_CONFIG,
+                           help=f"config file (default {DEFAULT_CONFIG})")
+        if name in ("infer", "status", "top", "explain", "recycle", "reload"):
+            p.add_argument("--server-key", help="server public certificate (CURVE over TCP)")
+            p.add_argument("--client-cert", help="client secret certificate (CURVE over TCP)")
+        if name in ("status", "top", "explain"):
+            p.add_argument("--control", metavar="ENDPOINT", help="the status endpoint "
+                           "(default: supervisor.control of the config)")
+        if name in ("recycle", "reload"):
+            p.add_argument("--admin", metavar="ENDPOINT", help="the admin endpoint "
+                           "(default: supervisor.admin of the config)")
+        p.set_defaults(func=func)
+        return p
+
+    run = add("run", cmd_run, "Run the supervisor in the foreground.")
+    run.add_argument("--log-format", choices=("auto", "console", "json"), default=None,
+                     help="override supervisor.log_format")
+    add("check", cmd_check, "Validate a config file; exit 1 on any error.")
+    infer = add("infer", cmd_infer, "Submit one job and print its outputs.")
+    infer.add_argument("model")
+    infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                       help="an input array from a .npy file (repeatable)")
+    infer.add_argument("--random", action="store_true",
+                       help="generate every input from the model's spec")
+    infer.add_argument("--batch", type=int, default=1, help="batch size with --random")
+    infer.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    status = add("status", cmd_status, "Show models and workers of a running supervisor.")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument("--ready", action="store_true",
+                        help="print nothing; exit 0 only if the daemon is serving and every "
+                        "required model has a ready worker (probes)")
+    top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    explain = add("explain", cmd_explain, "Why a model's workers grow: per worker, the "
+                  "suspected cause and its remedy, the probes' trends, the input shapes and "
+                  "Python types that grew it.")
+    explain.add_argument("model")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.add_argument("--timeout", type=float, default=5.0)
+    recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
+    recycle.add_argument("model")
+    recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")
+    recycle.add_argument("--timeout", type=float, default=10.0)
+    reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
+                 "for the outcome (exit 1 if it was rejected).")
+    reload.add_argument("--timeout", type=float, default=30.0)
+    reload.add_argument("--wait", type=_wait_seconds, metavar="SECONDS",
+                        help="then wait up to this long until every model serves on workers "
+                        "of the settings now in force: exit 1 if a model's workers fail to "
+                        "start or are not ready in time")
+    demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
+               config=False)
+    demo.add_argument("path", nargs="?", default="models/demo")
+    demo.add_argument("--force", action="store_true")
+    keygen = add("keygen", cmd_keygen, "Write CURVE server and client key pairs.",
+                 config=False)
+    keygen.add_argument("directory")
+    keygen.add_argument("--force", action="store_true",
+                        help="replace keys already there (cuts off clients of the old ones)")
+    schema = add("schema", cmd_schema, "Print the JSON schema of config.yaml.", config=False)
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the configuration reference (docs/configuration.md)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:
+        # The reader went away (`tfsupervisor explain ... | head`): not a failure of the
+        # command. Python would report the broken pipe again when it flushes stdout at
+        # exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

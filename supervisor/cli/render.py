@@ -1,0 +1,150 @@
+"""What the CLI prints for people: the `status` table and its notes, `explain` in words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.config.units import format_duration, format_size
+from supervisor.core.reasons import ExitCause, Hold
+
+
+def render_status(report: dict[str, Any]) -> str:
+    rows = [("MODEL", "WORKER", "PID", "STATE", "MEMORY", "GROWTH/1K", "GROWTH/H", "TO LIMIT",
+             "VRAM", "JOBS", "AGE", "SLOT", "NOTE")]
+    notes = []
+    for name, model in sorted(report["models"].items()):
+        for w in model["workers"]:
+            growth_1k = _signed(w.get("growth_per_1k_jobs"))
+            growth_h = _signed(w.get("growth_per_hour"))
+            rows.append((name, w["id"], str(w["pid"]), w["state"], format_size(w.get("memory")),
+                         growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
+                         format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
+                         str(w.get("slot", "-")), _worker_note(w, model.get("limits") or {})))
+        notes.append(_model_note(name, model))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in rows]
+    return "\n".join([*lines, "", *notes])
+
+
+def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
+    """What an operator should know about one worker, in words: a limit it is over, why it
+    is leaving, a recycle that waits, or that its trend is not judged yet."""
+    parts = []
+    for limit in w.get("over_limits") or []:
+        figure = w.get("vram") if limit == "max_vram" else w.get("memory")
+        parts.append(f"OVER {limit} ({format_size(figure)} >= {format_size(limits.get(limit))})")
+    held = w.get("recycle_held_back")
+    if held and held["why"] == Hold.BACKOFF:
+        parts.append(f"serving on: its replacement ({held['reason']}) fails to start, "
+                     "retried with back-off")
+    elif held:
+        parts.append(f"recycle ({held['reason']}) held back: max_concurrent_recycles "
+                     "already under way")
+    elif w.get("recycle_reason"):
+        parts.append(f"leaving: {w['recycle_reason']}")
+    if w.get("suspected"):
+        parts.append(f"growing: {w['suspected']}")
+    if not parts and not w.get("warmed_up"):
+        parts.append("policy warm-up")
+    return "; ".join(parts)
+
+
+def _model_note(name: str, model: dict[str, Any]) -> str:
+    recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
+    state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    if model["available"] and model.get("failing_to_start"):  # old workers serve on
+        state += f"; NEW WORKERS FAIL TO START: {model['last_error']} (retried with back-off)"
+    if model.get("removed"):
+        state = "REMOVING (dropped by a reload: finishing its queue, taking no new jobs)"
+    last = model.get("last_recycle")
+    last_text = f"; last: {last['reason']} ({last['worker']}, " \
+                f"{format_duration(last['seconds_ago'])} ago)" if last else ""
+    if last and last.get("remedy"):
+        last_text += f"; cause {last['cause']}: {last['remedy']}"
+    paused_text = "; POLICY TOO TIGHT: young workers keep being recycled for memory " \
+                  "(docs/policy.md)" if model.get("policy_too_tight") else ""
+    held = model.get("recycles_held_back") or 0
+    held_text = f"; {held} recycle(s) HELD BACK (see NOTE)" if held else ""
+    over = sum(1 for w in model["workers"] if w.get("over_limits"))
+    over_text = f"; {over} worker(s) OVER A LIMIT, on their way out" if over else ""
+    exits = model.get("exits") or {}
+    exits_text = "; exits: " + ", ".join(f"{k}={v}" for k, v in sorted(exits.items())) \
+        if exits else ""
+    unexpected = model.get("last_unexpected_exit")
+    unexpected_text = f"; LAST UNEXPECTED EXIT: {unexpected['cause']} ({unexpected['worker']} " \
+                      f"slot {unexpected['slot']}, {unexpected['exit']}, " \
+                      f"{format_duration(unexpected['seconds_ago'])} ago)" if unexpected else ""
+    if unexpected and unexpected["cause"] == ExitCause.KILLED_EXTERNALLY:
+        unexpected_text += ": a SIGKILL the supervisor did not send, possibly the OOM killer"
+    batches = model.get("batches") or {}
+    batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
+                 f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
+    return (f"{name}: {state}; queued {model['queued']}, in flight {model['in_flight']}"
+            f"{batch_text}; {model['memory_metric']} limit "
+            f"{format_size(model.get('max_memory'))}; recycles: {recycles}{last_text}"
+            f"{held_text}{over_text}{paused_text}{exits_text}{unexpected_text}")
+
+
+def _signed(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return ("+" if value >= 0 else "") + format_size(value)
+
+
+def render_explain(report: dict[str, Any]) -> str:
+    """Per worker, in plain words: the suspected cause and its remedy, the probes' trends,
+    what was traced most, the input shapes that grew it most, the Python types growing."""
+    lines = [f"model {report['model']} ({report['memory_metric']}), "
+             f"{len(report['workers'])} worker process(es), replacements included"]
+    last = report.get("last_recycle")
+    if last:
+        lines.append(f"last recycle: {last['reason']} of {last['worker']}"
+                     + (f", cause {last['cause']}: {last['summary']}" if last.get("summary")
+                        else ""))
+    for w in report["workers"]:
+        lines += ["", f"{w['id']} (slot {w['slot']}, {w['state']}, {w['jobs']:,} jobs, memory "
+                  f"{format_size(w['memory'])}, baseline {format_size(w['baseline'])})"]
+        lines += [f"  {line}" for line in _explain_worker(w)]
+    return "\n".join(lines)
+
+
+def _explain_worker(w: dict[str, Any]) -> list[str]:
+    found = w.get("diagnosis")
+    out = [f"suspected cause: {found['cause']} - {found['summary']}",
+           f"remedy: {found['remedy']}"] if found else \
+        ["no suspected cause: its memory is not growing beyond noise (or not judged yet)"]
+    t = w["trends"]
+    names = [("memory", "memory", True), ("graphs", "traced graphs", False),
+             ("shapes", "new input shapes", False), ("py_blocks", "Python allocations", False),
+             ("native_heap", "native heap", True), ("tf_allocator", "TF allocator", True),
+             ("vram", "VRAM", True)]
+    figures = [f"{label} {(_signed if size else _count)(t[f'{k}_per_1k_jobs'])}"
+               for k, label, size in names if f"{k}_per_1k_jobs" in t]
+    if figures and not t["window_jobs"]:  # idle: a slope per 1k jobs means nothing
+        out.append(f"trends: no jobs over the last {t['window_samples']} samples")
+    else:
+        out.append(f"per 1k jobs over the last {t['window_samples']} samples "
+                   f"({t['window_jobs']:,} jobs): {', '.join(figures)}" if figures else
+                   f"trends: not enough samples after warm-up yet ({t['window_samples']})")
+    probes = w.get("probes") or {}
+    if probes.get("traced"):
+        out.append("traced most: " + ", ".join(f"{n} x{c:,}" for n, c in probes["traced"]))
+    if probes.get("top_shapes"):
+        out.append("input shapes that grew it most: " + ", ".join(
+            f"{s} {_signed(g)} ({_signed(f)} on first sight, {b:,} batches)"
+            for s, b, f, g in probes["top_shapes"][:5]))
+    if probes.get("census"):
+        out.append("Python types growing: " + ", ".join(f"{n} {c:+,}" for n, c in
+                                                        probes["census"]))
+    if probes.get("containers"):
+        jobs = probes.get("census_jobs")
+        out.append("containers growing" + (f" (over {jobs:,} jobs)" if jobs else "") + ": "
+                   + ", ".join(f"{n} {c:+,} items" for n, c in probes["containers"]))
+    if w.get("probe_cost_per_job") is not None:
+        out.append(f"probes cost {w['probe_cost_per_job'] * 1e6:.1f} us per job")
+    return out
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:+,.1f}"

@@ -1,0 +1,308 @@
+"""Loading config.yaml: read it (bounded, UTF-8), parse it, validate it whole, resolve paths
+and substitute endpoints; and the endpoints the CLI needs from a file that no longer validates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from supervisor.config.keys import (
+    MAX_IPC_PATH,
+    PRIVATE_DIR,
+    BatchingConfig,
+    Config,
+    CurveConfig,
+    ModelConfig,
+    PaddingConfig,
+    PolicyConfig,
+    RawConfig,
+    SupervisorSection,
+    TfConfig,
+)
+from supervisor.config.settings import (
+    ConfigError,
+    ConfigErrors,
+    describe,
+    parse_section,
+    section_schema,
+)
+
+# A config file larger than this is not a config file (and is not read whole into memory).
+MAX_CONFIG_BYTES = 16 * 1024**2
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a YAML config file; raise ConfigErrors listing every problem (and
+    nothing else, whatever the file holds)."""
+    file = Path(path)
+    try:
+        with file.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigErrors([ConfigError("", f"{file} is larger than "
+                                        f"{MAX_CONFIG_BYTES // 1024**2} MiB: not a config file")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigErrors([ConfigError("", f"{file} is not UTF-8 text: byte "
+                                        f"{data[exc.start]:#04x} at offset {exc.start}")]) from None
+    return parse_config(text, file)
+
+
+def parse_config(text: str, file: Path | None = None) -> Config:
+    """Validate a config's text; raise ConfigErrors listing every problem. Any other error
+    on the way is a bug, reported as a ConfigErrors too rather than escaping: a daemon that
+    reloads its config must be able to say why a new one was refused."""
+    try:
+        return _parse_config(text, file)
+    except ConfigErrors:
+        raise
+    except ConfigError as one:
+        raise ConfigErrors([one]) from None
+    except Exception as exc:
+        raise ConfigErrors([ConfigError("", f"the configuration could not be checked: "
+                                        f"unexpected {type(exc).__name__}: {_text(exc)}")]) \
+            from exc
+
+
+def _text(exc: BaseException, limit: int = 200) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        return "(no message)"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _parse_config(text: str, file: Path | None) -> Config:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigErrors([ConfigError("", f"not valid YAML: {exc}")]) from None
+    except RecursionError:
+        raise ConfigErrors([ConfigError("", "not valid YAML: nested too deeply")]) from None
+    except ValueError as exc:  # a value YAML matched but Python cannot build: a 5000-digit
+        # int, a timestamp like 2024-13-45
+        raise ConfigErrors([ConfigError("", f"not valid YAML: {_text(exc)}")]) from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigErrors([ConfigError("", "expected a mapping at the top of the file")])
+    errors: list[ConfigError] = []
+    try:
+        top = parse_section(RawConfig, _with_default_policy(raw), "")
+    except ConfigErrors as many:
+        errors.extend(many.errors)
+    except ConfigError as one:
+        errors.append(one)
+    if not raw.get("models"):
+        errors.append(ConfigError("models", "expected at least one model"))
+    if errors:
+        raise ConfigErrors(errors)
+    base = file.parent.resolve() if file else Path.cwd()
+    runtime_dir = _runtime_dir(top.supervisor.runtime_dir, base)
+    sup = _substitute(top.supervisor, runtime_dir)
+    errors.extend(_check_endpoints(sup, runtime_dir))
+    if errors:
+        raise ConfigErrors(errors)
+    models = {name: _resolve_paths(model, base) for name, model in top.models.items()}
+    curve = sup.curve
+    if curve.server_secret_key and curve.authorized_clients:
+        sup = dataclasses.replace(sup, curve=CurveConfig(
+            str((base / curve.server_secret_key).resolve()),
+            str((base / curve.authorized_clients).resolve()),
+            str((base / curve.admin_clients).resolve()) if curve.admin_clients else None))
+    return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
+
+
+@dataclass(frozen=True)
+class ControlEndpoints:
+    """Where the CLI reaches a running daemon: its status and admin endpoints."""
+
+    control: str
+    admin: str
+    problems: tuple[str, ...] = ()  # why the file was not valid as a whole (then best effort)
+
+
+def control_endpoints(path: str | os.PathLike[str]) -> ControlEndpoints:
+    """The control and admin endpoints a config names, even when the rest of the file no
+    longer validates: `status` and `recycle` talk to the daemon that is running, which was
+    started from an earlier, valid version of the file, so a bad edit must not stop them."""
+    try:
+        config = load_config(path)
+    except ConfigErrors as errors:
+        problems = tuple(str(e) for e in errors.errors)
+    else:
+        return ControlEndpoints(config.supervisor.control, config.supervisor.admin)
+    file = Path(path)
+    section = _supervisor_section(file)
+
+    def text(key: str, default: str | None) -> str | None:
+        value = section.get(key)
+        return value if isinstance(value, str) and "\0" not in value else default
+
+    base = file.parent.resolve()
+    runtime_dir = _runtime_dir(text("runtime_dir", None), base)
+    if text("runtime_dir", None) is None:
+        runtime_dir = _running_dir(runtime_dir)
+    defaults = SupervisorSection()
+    control = text("control", defaults.control) or defaults.control
+    admin = text("admin", defaults.admin) or defaults.admin
+    return ControlEndpoints(control.replace("{runtime_dir}", str(runtime_dir)),
+                 admin.replace("{runtime_dir}", str(runtime_dir)), problems)
+
+
+# Where the shipped unit's RuntimeDirectory= puts the sockets. An operator's shell has no
+# $RUNTIME_DIRECTORY, so a config without runtime_dir names ./run beside itself there.
+SYSTEMD_RUNTIME_DIR = Path("/run/tfsupervisor")
+
+
+def _running_dir(guess: Path) -> Path:
+    """The default runtime dir, or the systemd one when only that one has a daemon."""
+    if not (guess / "control.sock").exists() and \
+            (SYSTEMD_RUNTIME_DIR / "control.sock").exists():
+        return SYSTEMD_RUNTIME_DIR
+    return guess
+
+
+def _supervisor_section(file: Path) -> dict[str, Any]:
+    """The file's `supervisor` mapping, best effort: YAML first; a file that is not YAML
+    any more (a bad edit elsewhere) is searched line by line for the keys that matter."""
+    try:
+        text = file.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+    except OSError:
+        return {}
+    try:
+        raw = yaml.safe_load(text)
+        section = raw.get("supervisor") if isinstance(raw, dict) else None
+        return section if isinstance(section, dict) else {}
+    except Exception:  # not YAML: the plain key: value lines are the best guess left
+        found = re.findall(r"^\s+(runtime_dir|control|admin):\s*[\"']?([^\"'\s#]+)", text,
+                           re.MULTILINE)
+        return dict(found)
+
+
+def _with_default_policy(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lay defaults.policy under each model's policy, when both are well-formed mappings.
+
+    A malformed defaults.policy is left out here: its own errors are reported once, under
+    defaults.policy, rather than once per model.
+    """
+    defaults = raw.get("defaults")
+    policy = defaults.get("policy") if isinstance(defaults, dict) else None
+    models = raw.get("models")
+    if not isinstance(policy, dict) or not isinstance(models, dict):
+        return raw
+    try:
+        parse_section(PolicyConfig, policy, "defaults.policy")
+    except ConfigErrors:
+        return raw
+    merged = {}
+    for name, model in models.items():
+        own = model.get("policy") if isinstance(model, dict) else None
+        if isinstance(model, dict) and (own is None or isinstance(own, dict)):
+            model = dict(model, policy={**policy, **(own or {})})
+        merged[name] = model
+    return dict(raw, models=merged)
+
+
+def _resolve_paths(model: ModelConfig, base: Path) -> ModelConfig:
+    """Model files are relative to the config file, so any working directory will do."""
+    if model.saved_model:
+        model = dataclasses.replace(model, saved_model=str((base / model.saved_model).resolve()))
+    if model.keras:
+        model = dataclasses.replace(model, keras=str((base / model.keras).resolve()))
+    return model
+
+
+def _runtime_dir(configured: str | None, base: Path) -> Path:
+    if configured:
+        return (base / configured).resolve()
+    env = os.environ.get("RUNTIME_DIRECTORY")
+    if env:
+        # systemd may list several directories separated by ':'; the first is ours.
+        return Path(env.split(":")[0])
+    return base / "run"
+
+
+def _substitute(sup: SupervisorSection, runtime_dir: Path) -> SupervisorSection:
+    def sub(endpoint: str) -> str:
+        return endpoint.replace("{runtime_dir}", str(runtime_dir))
+
+    return dataclasses.replace(
+        sup, endpoints=tuple(sub(e) for e in sup.endpoints), control=sub(sup.control),
+        admin=sub(sup.admin))
+
+
+def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigError]:
+    errors = []
+    named = [(f"supervisor.endpoints[{i}]", e) for i, e in enumerate(sup.endpoints)]
+    named += [("supervisor.control", sup.control), ("supervisor.admin", sup.admin),
+              ("supervisor.runtime_dir", f"ipc://{runtime_dir}/{PRIVATE_DIR}/backend.sock")]
+    seen: dict[str, str] = {}
+    for path, endpoint in named:
+        if endpoint in seen:  # one socket cannot be two endpoints with two kinds of access
+            errors.append(ConfigError(path, f"{endpoint} is already {seen[endpoint]}"))
+        seen.setdefault(endpoint, path)
+        scheme, sep, rest = endpoint.partition("://")
+        if not sep or scheme not in ("ipc", "tcp"):
+            errors.append(ConfigError(path, f'expected an ipc:// or tcp:// endpoint, got '
+                                      f'"{endpoint}"'))
+        elif scheme == "ipc" and len(rest) > MAX_IPC_PATH:
+            errors.append(ConfigError(path, f"ipc path is {len(rest)} bytes, longer than the "
+                                      f"{MAX_IPC_PATH} the kernel allows: use a shorter "
+                                      "runtime_dir"))
+    return errors
+
+
+
+
+
+
+
+
+def config_schema() -> dict[str, Any]:
+    """JSON schema of config.yaml, for editors and `tfsupervisor schema`."""
+    top = section_schema(RawConfig)
+    top["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    top["title"] = "tfsupervisor config.yaml"
+    return top
+
+
+def config_reference() -> str:
+    """docs/configuration.md, generated from the declarations above (a test keeps it so)."""
+    sections = [("supervisor", SupervisorSection, "The daemon itself."),
+                ("supervisor.curve", CurveConfig, CurveConfig.__doc__ or ""),
+                ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
+                 "`keras`, `handler`. Relative paths are relative to the config file."),
+                ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
+                ("models.NAME.batching", BatchingConfig, BatchingConfig.__doc__ or ""),
+                ("models.NAME.padding.DIM", PaddingConfig, "One variable-length dimension, "
+                 "by a name of your choice, padded up to allowed sizes. See "
+                 "docs/batching.md, which says when padding is safe."),
+                ("models.NAME.policy", PolicyConfig, "When a worker must go. Any key may also "
+                 "be set under `defaults.policy`, which applies to every model and is "
+                 "overridden by the model's own `policy`. See docs/policy.md.")]
+    lines = ["# Configuration reference", "",
+             "Generated from the settings' declarations (`tfsupervisor schema --markdown`); "
+             "`tfsupervisor schema` prints the same as JSON Schema for editors.", "",
+             "Sizes take bytes or units (`512MiB`, `2GB`); durations take seconds or units "
+             "(`250ms`, `30s`, `5m`, `24h`, `2d`). `null` turns an optional limit off. "
+             "Numbers must be finite: sizes and integers at most 2^63-1, durations at most "
+             "10 years. Strings may not contain NUL characters.", ""]
+    for prefix, cls, text in sections:
+        lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
+                  "|---|---|---|---|"]
+        for key, expected, default, help_text in describe(cls):
+            if key in ("tf", "policy", "curve", "batching", "padding"):
+                continue
+            lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""Admission: a client's message decoded, checked and made a Job, or refused with a code.
+
+Everything here is judged from the header and the frame lengths alone: no array is built.
+The order: decode (protocol limits), the model (served, not removed), the sizes (one message
+within max_message_size, its arrays within max_queue_bytes), the arrays' description against
+the model's inputs, the deadline. Whether the supervisor is shutting down or the model has
+no worker is the core's to say (it knows the pool); a Refusal carries the code either way.
+
+The description check, remembered per kind of request:
+
+A request's header describes its arrays (name, dtype, shape); admission checks that
+description (parse_specs), the frames against it (check_frames) and it against the model's
+inputs (check_specs), all from the header and frame lengths. Clients send the same few
+descriptions again and again, so the outcome of a description that passed is kept: the next
+request with the same one only has its frame lengths compared. Under saturation the full
+check was a fifth of the supervisor's CPU per job (bench/results/throughput.md).
+
+What is kept is exact: a description is remembered only when every value in it is of the
+plain type the full check accepts (a str name and dtype, a list of non-bool ints as shape,
+no other keys), so two descriptions with the same key pass or fail alike; anything else,
+and every failure, goes through the full check, which gives the error. String arrays are
+always checked in full (their frames' contents are checked, not only their lengths).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from supervisor.config.keys import SupervisorSection
+from supervisor.core.jobs import Job
+from supervisor.shared.padding import PadDim, batch_key
+from supervisor.shared.protocol import (
+    BAD_REQUEST,
+    ITEMSIZE,
+    MAX_JOB_ID,
+    MAX_NDIM,
+    UNKNOWN_MODEL,
+    VERSION,
+    Frame,
+    Limits,
+    Message,
+    ProtocolError,
+    TensorSpec,
+    check_frames,
+    check_specs,
+    concrete_shape,
+    decode,
+    frame_bytes,
+    frame_length,
+    parse_specs,
+)
+
+if TYPE_CHECKING:
+    from supervisor.core.pool import ModelState
+
+# The longest deadline a client may ask for (ms): a year. Longer is surely a unit mistake.
+MAX_TIMEOUT_MS = 365 * 86400 * 1000.0
+# Descriptions kept per model; past this the memory starts over (a client that sends a new
+# shape every time only costs the full check, as before).
+MAX_KEPT = 1024
+
+Key = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Passed:
+    inputs: Sequence[TensorSpec] | None  # the model's inputs it was checked against
+    specs: list[TensorSpec]
+    lengths: tuple[int, ...]  # bytes each array frame must have
+    elements: int
+
+
+class Refusal(Exception):
+    def __init__(self, code: str, message: str, label: str = "-") -> None:
+        super().__init__(message)
+        self.code = code
+        self.label = label  # a served model's name, for metrics; "-" otherwise
+
+
+class Admission:
+    """Admission of the core: the protocol limits in force, the descriptions that passed per
+    model, and the job ids handed out."""
+
+    def __init__(self, sup: SupervisorSection) -> None:
+        self.known: dict[str, KnownDescriptions] = {}
+        self.next_job_id = 1
+        self.configure(sup)
+
+    def configure(self, sup: SupervisorSection) -> None:
+        """The supervisor section in force (at start and at every reload)."""
+        self.sup = sup
+        self.limits = Limits(sup.max_header_size, sup.max_arrays, sup.max_elements)
+
+    def decode(self, body: list[Frame]) -> Message:
+        try:
+            return decode(body, self.limits)
+        except ProtocolError as exc:
+            raise Refusal(exc.code, str(exc)) from None
+
+    def job(self, msg: Message, envelope: list[Frame], models: Mapping[str, ModelState],
+            now: float) -> Job:
+        """An infer request made a Job, or a Refusal saying why not (the model, the sizes,
+        the arrays against the model's inputs, the deadline)."""
+        model = msg.header.get("model")
+        if not isinstance(model, str):
+            raise Refusal(BAD_REQUEST, "header field 'model' must be a string")
+        state = models.get(model)
+        if state is None or state.removed:
+            served = ", ".join(sorted(n for n, s in models.items() if not s.removed))
+            raise Refusal(UNKNOWN_MODEL, f"no model named '{model[:256]}' (served: {served})")
+        nbytes = self._sized(msg)
+        known = self.known.get(model)
+        if known is None:
+            known = self.known[model] = KnownDescriptions()
+        dims = state.serving_dims if state.serving_dims is not None else state.config.pad_dims
+        try:  # from the header and the frame lengths alone: no array is built at admission
+            specs = known.check(msg.header.get("inputs"), msg.arrays, state.inputs,
+                                self.limits.max_elements)
+            key = batch_key(specs, dims) if dims else None
+        except ProtocolError as exc:
+            raise Refusal(exc.code, _sent_generated(msg.header.get("inputs"), dims) or str(exc)) \
+                from None
+        job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
+                  inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
+                  deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes,
+                  key=key)
+        self.next_job_id += 1
+        return job
+
+    def _sized(self, msg: Message) -> int:
+        """The job's array bytes, once the whole message is known to be within bounds."""
+        nbytes = sum(frame_length(f) for f in msg.arrays)
+        size = nbytes + len(msg.job_id) + len(msg.kind) + len(VERSION)
+        sup = self.sup
+        if size > sup.max_message_size:
+            raise Refusal(BAD_REQUEST, f"message is {size} bytes or more, more than "
+                          f"max_message_size ({sup.max_message_size})")
+        if nbytes > sup.max_queue_bytes:
+            raise Refusal(BAD_REQUEST, f"the job's arrays are {nbytes} bytes, more than "
+                          f"max_queue_bytes ({sup.max_queue_bytes}): it could never be queued")
+        return nbytes
+
+
+class KnownDescriptions:
+    """One per model: the request descriptions that passed, by key."""
+
+    def __init__(self) -> None:
+        self.passed: dict[Key, Passed] = {}
+
+    def check(self, raw: object, frames: Sequence[Frame], inputs: Sequence[TensorSpec] | None,
+              max_elements: int | None) -> list[TensorSpec]:
+        """The request's specs; ProtocolError, as the full check raises it, if it fails."""
+        key = spec_key(raw)
+        known = self.passed.get(key) if key is not None else None
+        if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
+            return known.specs
+        specs = parse_specs(raw)
+        check_frames(specs, frames, max_elements)
+        if inputs is not None:
+            check_specs(inputs, specs)
+        if key is not None and all(s.dtype in ITEMSIZE for s in specs):
+            if len(self.passed) >= MAX_KEPT:
+                self.passed.clear()
+            lengths = tuple(_elements(s) * ITEMSIZE[s.dtype] for s in specs)
+            self.passed[key] = Passed(inputs, specs, lengths, sum(_elements(s) for s in specs))
+        return specs
+
+
+def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> bool:
+    if len(frames) != len(known.lengths):
+        return False
+    if max_elements is not None and known.elements > max_elements:
+        return False
+    return all(frame_length(f) == n for f, n in zip(frames, known.lengths, strict=True))
+
+
+def spec_key(raw: object) -> Key | None:
+    """A hashable key for a description made only of plain values, else None."""
+    if type(raw) is not list:
+        return None
+    key = []
+    for spec in raw:
+        if type(spec) is not dict or len(spec) != 3:
+            return None
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        if type(name) is not str or type(dtype) is not str or type(shape) is not list \
+                or len(shape) > MAX_NDIM or not all(type(d) is int for d in shape):
+            return None
+        key.append((name, dtype, tuple(shape)))
+    return tuple(key)
+
+
+def _elements(spec: TensorSpec) -> int:
+    return math.prod(concrete_shape(spec))
+
+
+def _deadline(timeout_ms: object, now: float) -> float | None:
+    if timeout_ms is None:
+        return None
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float) or \
+            not math.isfinite(timeout_ms) or not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        raise Refusal(BAD_REQUEST, f"header field 'timeout_ms' must be a finite number of "
+                      f"milliseconds, more than 0 and at most {MAX_TIMEOUT_MS:.0f}")
+    return now + float(timeout_ms) / 1000.0
+
+
+def job_id_of(body: list[Frame]) -> bytes:
+    """The client's job id, when one can be told apart: a reply to garbage is harmless."""
+    if len(body) >= 3:
+        raw = frame_bytes(body[2])
+        if len(raw) <= MAX_JOB_ID:
+            return raw
+    return b""
+
+
+def _sent_generated(raw: object, dims: Sequence[PadDim]) -> str | None:
+    """Why a refused request was wrong when it sent an input the worker generates (a
+    padding's mask or lengths): the model's own input list leaves those out, and "do not
+    match" alone would not say so."""
+    if not isinstance(raw, list):
+        return None
+    names = {s.get("name") for s in raw if isinstance(s, dict) and isinstance(s.get("name"), str)}
+    for dim in dims:
+        for name in dim.generated:
+            if name in names:
+                return (f"input '{name}' is generated by the worker (padding '{dim.name}'): "
+                        "do not send it; it is made from the padded lengths")
+    return None

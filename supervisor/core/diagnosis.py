@@ -1,0 +1,362 @@
+"""Why a worker grows: the suspected cause of its memory trend, the evidence, the remedy.
+
+Pure, like the policy: the worker's samples (memory and the probes its heartbeats carried,
+supervisor/shared/probes.py) in, a :class:`Diagnosis` out. The probes' slopes per 1k jobs are fitted
+over the same warmed-up window the trend is judged on, with the same robust estimator, and
+the rules below name the first cause whose evidence is clear. What each cause looks like and
+what fixes it is documented in docs/policy.md ("Why is my worker growing?").
+
+A diagnosis is made only for a worker that is suspect: recycled or about to be for memory,
+or whose memory trend is confidently above a quarter of its growth limit. A worker that is
+flat has no suspected cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from supervisor.config.keys import PolicyConfig
+from supervisor.config.units import format_size as _size
+from supervisor.core.history import Sample
+from supervisor.core.policy import (
+    MIN_TREND_SAMPLES,
+    Assessment,
+    WorkerFacts,
+    fit,
+    theil_sen,
+    warmed_up,
+)
+from supervisor.core.reasons import Reason
+from supervisor.shared.probes import KERAS_PREDICT_REMEDY, KERAS_STEPS, Probes
+
+# New traced graphs (or new input signatures) per 1k jobs from which the growth is put down
+# to them: a model that traces once per shape it has not seen, over a bounded set of shapes,
+# stops adding any after warm-up; one more per thousand jobs, steadily, does not stop.
+NEW_PER_1K = 1.0
+# ... and at least this many new ones inside the window (one late trace is not a pattern).
+MIN_NEW = 3
+# Live Python allocations added per 1k jobs, steadily, that make Python objects the suspect
+# (a steady-state server adds none: each request's objects are freed with it).
+PY_BLOCKS_PER_1K = 100.0
+# The most a live Python allocation can stand for when blocks are weighed against memory:
+# pymalloc serves objects up to 512 bytes; a native leak adds a few blocks per 1k jobs
+# (measured: 185 per 1k for 62 MB per 1k), a hoard of small objects tens of thousands.
+BLOCK_BYTES = 512
+# Python types whose objects hold native buffers: a growing count of them explains native
+# heap growth too (the fix is still the Python reference that keeps them).
+BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview",
+                "tensorflow.python.framework.ops.EagerTensor")
+# ... and such objects, or the containers that keep objects (a cache, a list appended to),
+# are taken to hold what grows when they grew by at least this many per job between the
+# worker's last two censuses (one cached result per request is 1).
+HOLD_PER_JOB = 0.5
+# A byte probe (native heap in use, TF allocator, VRAM) explains the growth when its own
+# slope is at least this fraction of the memory slope.
+EXPLAINS = 0.5
+# Distinct probe readings a probe's slope needs (fewer: not measured, never a wrong cause).
+MIN_READINGS = 4
+# ... for the counters of graphs and shapes, which only ever grow and have no noise: their
+# rate between two readings is a rate (and MIN_NEW must still have been added). A worker
+# whose jobs each take a second (an XLA compile per new shape) may be recycled after a few.
+MIN_COUNTER_READINGS = 2
+# Suspected before any recycle: a trend confidently above this fraction of its limit.
+SUSPECT_FRACTION = 0.25
+
+
+_VRAM = frozenset({Reason.MAX_VRAM, Reason.VRAM_GROWTH_PER_1K_JOBS})
+
+
+class Cause(StrEnum):
+    RETRACING = "retracing"
+    NEW_INPUT_SHAPES = "new_input_shapes"
+    PYTHON_OBJECTS = "python_objects"
+    NATIVE_HEAP = "native_heap"
+    TF_ALLOCATOR = "tf_allocator"
+    VRAM_POOL = "vram_pool"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Trends:
+    """Slopes per 1k jobs over the window (None: not measured by this worker), and what
+    the counters added over it."""
+
+    jobs: int = 0  # jobs the window spans
+    samples: int = 0
+    readings: int = 0  # distinct probe readings the probes' slopes are fitted on
+    memory: float | None = None  # bytes
+    vram: float | None = None  # bytes
+    graphs: float | None = None
+    shapes: float | None = None
+    py_blocks: float | None = None
+    native_heap: float | None = None  # bytes
+    tf_allocator: float | None = None  # bytes
+    graphs_added: int | None = None
+    shapes_added: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples,
+                               "probe_readings": self.readings}
+        for name in ("memory", "vram", "graphs", "shapes", "py_blocks", "native_heap",
+                     "tf_allocator"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"{name}_per_1k_jobs"] = round(value, 1)
+        for name in ("graphs_added", "shapes_added"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: Cause
+    summary: str  # one line, for the status NOTE and the event
+    remedy: str
+    evidence: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        return {"cause": self.cause.value, "summary": self.summary, "remedy": self.remedy,
+                "evidence": self.evidence}
+
+
+def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> Trends:
+    """The probes' slopes over the trend window (what `explain` shows for any worker)."""
+    after = warmed_up(samples, facts, policy)
+    window = after[-policy.trend_window:]
+    if len(window) < MIN_TREND_SAMPLES:
+        return Trends(samples=len(window))
+    jobs = np.array([s.jobs for s in window], dtype=float)
+    # Readings from the whole warmed-up history, if they reach into the window: a worker
+    # whose last reading predates the window says nothing about what grows now.
+    probed = _readings(after)
+    if probed and _jobs(probed[-1]) < jobs[0]:
+        probed = []
+
+    def slope(values: Sequence[float | int | None]) -> float | None:
+        if len(values) < MIN_TREND_SAMPLES or any(v is None for v in values):
+            return None
+        found = fit(jobs, np.array(values, dtype=float))
+        return None if found is None else found.value * 1000
+
+    def probe(name: str, least: int = MIN_READINGS) -> float | None:
+        """Theil-Sen over the readings: a fast leak recycled within seconds has only a few
+        readings, not the memory window's samples."""
+        values = [getattr(s.probes, name) for s in probed]
+        if len(probed) < least or any(v is None for v in values):
+            return None
+        found = theil_sen(np.array([_jobs(s) for s in probed], dtype=float),
+                          np.array(values, dtype=float))
+        return None if found is None else found * 1000
+
+    def added(name: str) -> int | None:
+        values = [getattr(s.probes, name) for s in probed]
+        if len(values) < 2 or values[0] is None or values[-1] is None:
+            return None
+        return int(values[-1] - values[0])
+
+    return Trends(
+        jobs=int(jobs[-1] - jobs[0]), samples=len(window), readings=len(probed),
+        memory=slope([s.memory for s in window]), vram=slope([s.vram for s in window]),
+        graphs=probe("graphs", MIN_COUNTER_READINGS), shapes=probe("shapes", MIN_COUNTER_READINGS),
+        py_blocks=probe("py_blocks"),
+        native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
+        graphs_added=added("graphs"), shapes_added=added("shapes"))
+
+
+def _readings(after: Sequence[Sample]) -> list[Sample]:
+    """One sample per probe reading, over all the warmed-up history. Workers sample probes
+    less often than memory is polled (paced by their cost), so the memory window may hold
+    one reading many times over (each heartbeat repeats the latest): fitted as it is, a fast
+    leak's probes look flat."""
+    out: list[Sample] = []
+    for sample in after:
+        if sample.probes is not None and (not out or sample.probes != out[-1].probes):
+            out.append(sample)
+    return out
+
+
+def _jobs(sample: Sample) -> int:
+    """When a probe reading was taken, in jobs: as the worker said, else the sample's."""
+    said = sample.probes.jobs if sample.probes is not None else None
+    return said if said is not None and said <= sample.jobs else sample.jobs
+
+
+def suspect(assessment: Assessment, reason: Reason | None, policy: PolicyConfig) -> bool:
+    """Recycled (or about to be) for memory, or growing confidently towards a limit."""
+    if reason is not None:
+        return reason.memory
+    growth, limit = assessment.growth_per_1k_jobs, policy.max_growth_per_1k_jobs
+    hourly, hourly_limit = assessment.growth_per_hour, policy.max_growth_per_hour
+    return (growth is not None and limit is not None and growth > SUSPECT_FRACTION * limit) \
+        or (hourly is not None and hourly_limit is not None and
+            hourly > SUSPECT_FRACTION * hourly_limit)
+
+
+def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig,
+             assessment: Assessment, reason: Reason | None, life: Probes | None = None,
+             ) -> Diagnosis | None:
+    """The suspected cause of this worker's growth, or None if it is not suspect.
+    ``life``: its probes when it became ready, so totals can be told over its whole life."""
+    if not suspect(assessment, reason, policy):
+        return None
+    found = trends(samples, facts, policy)
+    latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
+    cause = _cause(found, reason, latest)
+    summary, remedy = _explain(cause, found, latest, life)
+    evidence = found.fields()
+    if latest is not None:
+        cost = latest.cost_per_job()
+        if cost is not None:
+            evidence["probe_cost_per_job_us"] = round(cost * 1e6, 2)
+        if latest.traced:
+            evidence["traced"] = dict(latest.traced[:3])
+        if latest.top_shapes:
+            evidence["top_shapes"] = [s.to_wire() for s in latest.top_shapes[:3]]
+        if latest.census:
+            evidence["growing_types"] = dict(latest.census[:3])
+        if latest.containers:
+            evidence["growing_containers"] = dict(latest.containers[:3])
+            evidence["census_jobs"] = latest.census_jobs
+    return Diagnosis(cause, summary, remedy, evidence)
+
+
+def _cause(t: Trends, reason: Reason | None,
+           latest: Probes | None = None) -> Cause:
+    """The first rule whose evidence is clear, most specific first."""
+    if _steady(t.graphs, t.graphs_added):
+        return Cause.RETRACING
+    if _steady(t.shapes, t.shapes_added):
+        return Cause.NEW_INPUT_SHAPES
+    if reason in _VRAM:
+        return Cause.VRAM_POOL
+    growth = t.memory if t.memory is not None and t.memory > 0 else None
+    if _python_objects(t, growth, latest):
+        return Cause.PYTHON_OBJECTS
+    if growth is not None and t.tf_allocator is not None and t.tf_allocator >= EXPLAINS * growth:
+        return Cause.TF_ALLOCATOR
+    if growth is not None and t.native_heap is not None:
+        return Cause.NATIVE_HEAP  # live native allocations, or the allocator keeping freed
+    if t.vram is not None and t.vram > 0 and (growth is None or t.memory is None):
+        return Cause.VRAM_POOL
+    return Cause.UNKNOWN
+
+
+def _python_objects(t: Trends, growth: float | None, latest: Probes | None) -> bool:
+    """Live Python allocations grow steadily and can account for the growth: as small
+    objects (BLOCK_BYTES each at most), or as buffers Python keeps (see _held)."""
+    if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
+        return False
+    return _held(latest) or growth is None or t.py_blocks * BLOCK_BYTES >= EXPLAINS / 2 * growth
+
+
+def _held(latest: Probes | None) -> bool:
+    """Between the last two censuses, objects that hold buffers (numpy arrays, bytes,
+    tensors), or a container, grew by HOLD_PER_JOB per job or more: what grows is kept by
+    Python, even where the bytes are the native heap's."""
+    jobs = latest.census_jobs if latest is not None else None
+    if latest is None or not jobs:
+        return False
+    need = HOLD_PER_JOB * jobs
+    return any(name in BUFFER_TYPES and n >= need for name, n in latest.census) or \
+        any(n >= need for _, n in latest.containers)
+
+
+def _steady(per_1k: float | None, added: int | None) -> bool:
+    return per_1k is not None and per_1k >= NEW_PER_1K and added is not None \
+        and added >= MIN_NEW
+
+
+def _explain(cause: Cause, t: Trends, latest: Probes | None,
+             life: Probes | None) -> tuple[str, str]:
+    """(summary, remedy) in plain words, with the names and figures that decided it."""
+    if cause is Cause.RETRACING:
+        name = f"`{latest.traced[0][0]}`" if latest and latest.traced else "a tf.function"
+        total = _since(latest, life, "graphs")
+        per_job = (t.graphs or 0) / 1000
+        return (f"retracing: {name} traced {total} new graphs since this worker became ready, "
+                f"{per_job:.2g} per job",
+                f"give {name} an input_signature (with None for the dimensions that vary), "
+                "pass tensors rather than Python numbers as its arguments, or pad inputs to "
+                "fixed sizes (batching.allowed_batch_sizes) so it traces once per size")
+    if cause is Cause.NEW_INPUT_SHAPES:
+        total = _since(latest, life, "shapes")
+        shape = f" (e.g. {latest.top_shapes[0].signature})" if latest and latest.top_shapes \
+            else ""
+        return (f"new input shapes: {total} distinct input shapes since this worker became "
+                f"ready{shape}, {(t.shapes or 0) / 1000:.2g} new per job; TensorFlow keeps "
+                "per-shape state for each",
+                "pad inputs to a few fixed sizes: batching.allowed_batch_sizes for the batch "
+                "dimension, fixed buckets for sequence lengths, so the set of shapes is small "
+                "and is covered by warm-up")
+    if cause is Cause.PYTHON_OBJECTS:
+        return _python_objects_text(t, latest)
+    if cause is Cause.TF_ALLOCATOR:
+        return (f"TensorFlow allocator: its bytes in use grow {_size(t.tf_allocator)} per 1k "
+                "jobs",
+                "tensors are kept alive between requests (variables or tf.Tensors stored by "
+                "the handler, growing tf.Variable state); check what the handler keeps")
+    if cause is Cause.VRAM_POOL:
+        return (f"GPU memory pool: VRAM grows {_size(t.vram)} per 1k jobs",
+                "TensorFlow's GPU allocator never returns memory to the driver: cap it with "
+                "tf.gpu_memory_limit, keep memory growth on (tf.gpu_memory_growth), pad "
+                "inputs to fixed sizes, and bound it with policy.max_vram")
+    if cause is Cause.NATIVE_HEAP:
+        heap, memory = t.native_heap or 0.0, t.memory or 0.0
+        if heap >= EXPLAINS * memory:
+            return (f"native heap: live native allocations grow {_size(heap)} per 1k jobs "
+                    f"of {_size(memory)} memory growth",
+                    "a C extension or ctypes code allocates per request and never frees "
+                    "(or TensorFlow kernels cache per request): look at native libraries the "
+                    "handler calls; recycling bounds it meanwhile")
+        return (f"native heap retention: memory grows {_size(memory)} per 1k jobs while live "
+                f"native allocations grow only {_size(heap)}: freed memory is not returned "
+                "to the system",
+                "glibc keeps freed memory in per-thread arenas: set MALLOC_ARENA_MAX=2 (or "
+                "use jemalloc/tcmalloc via LD_PRELOAD) in the model's env")
+    return ("unknown: the probes do not explain the growth",
+            "run `tfsupervisor explain` for the probes' trends; max_memory bounds the "
+            "growth meanwhile")
+
+
+def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:
+    """What grows (the containers that grew, else the types), and the fix."""
+    if latest and latest.containers:
+        name, grew = latest.containers[0]
+        what = f"{name} (+{grew:,} items over {latest.census_jobs or '?'} jobs)"
+    elif latest and latest.census:
+        what = ", ".join(name for name, _ in latest.census[:3])
+    else:
+        what = "unknown types (no census yet)"
+    remedy = ("find what keeps a reference per request (a cache without a bound, a list "
+              "appended to, results kept for logging) and bound or drop it; a "
+              "functools.lru_cache needs a maxsize")
+    if latest and any(name.startswith(KERAS_STEPS) for name, _ in latest.traced):
+        remedy = ("Keras model.predict() runs per request (its step function is traced "
+                  f"here) and leaves objects behind: {KERAS_PREDICT_REMEDY}; otherwise "
+                  + remedy)
+    elif latest and any(_graph_type(name) for name, _ in latest.census[:3]):
+        remedy = ("TensorFlow objects accumulate per request: something builds graphs, ops "
+                  "or functions per call (a tf.function or Keras layer created per request, "
+                  "model.predict() per request): build them once; otherwise " + remedy)
+    return (f"Python objects: {t.py_blocks:,.0f} more live Python allocations per 1k jobs; "
+            f"growing: {what}", remedy)
+
+
+def _graph_type(name: str) -> bool:
+    """A TensorFlow or Keras type that graph building leaves (an Operation, a FuncGraph), not
+    a tensor kept with its value (EagerTensor: a buffer, see BUFFER_TYPES)."""
+    return name.startswith(("tensorflow.", "keras.")) and name not in BUFFER_TYPES
+
+
+def _since(latest: Probes | None, life: Probes | None, name: str) -> str:
+    now = getattr(latest, name) if latest is not None else None
+    then = getattr(life, name) if life is not None else None
+    if now is None:
+        return "?"
+    return f"{now - then:,}" if then is not None else f"{now:,} (in all)"

@@ -1,0 +1,49 @@
+"""A job as the supervisor holds it, from admission to its one reply.
+
+Leaf module. Rule: imports the standard library only (Frame is typing-only), so every other
+core module can use ``Job`` without importing the router that queues it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.shared.protocol import Frame
+
+@dataclass(eq=False)
+class Job:
+    id: int
+    model: str
+    envelope: list[Frame]  # the client's routing frames, to send the reply back
+    client_job_id: bytes
+    inputs: list[dict[str, object]]  # wire specs of the arrays
+    arrays: list[Frame]
+    received_at: float
+    deadline: float | None = None
+    nbytes: int = 0  # array bytes: what the queue bound counts
+    attempts: int = 0  # workers it was sent to, for any cause
+    worker: str | None = None
+    dispatched_at: float | None = None
+    lost_on: list[str] = field(default_factory=list)  # workers lost while holding it
+    solo: bool = False  # was in a batch whose worker died: never batched again
+    # What a batch mate must match (supervisor/shared/padding.py: padded axes at their bucket);
+    # None: the plain layout (names, dtypes, shapes past the batch dimension).
+    key: tuple[Any, ...] | None = None
+
+    @functools.cached_property
+    def rows(self) -> int | None:
+        """The batch dimension all its arrays share; None (never batched with another job)
+        when there is none: no arrays, a 0-d array, or arrays that disagree."""
+        firsts = set()
+        for spec in self.inputs:
+            shape = spec.get("shape")
+            if not isinstance(shape, list) or not shape or not isinstance(shape[0], int):
+                return None
+            firsts.add(shape[0])
+        return firsts.pop() if len(firsts) == 1 else None
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline

@@ -1,0 +1,256 @@
+"""After each memory poll: ask the pure policy about every worker and start recycles.
+
+A limit is a limit: a crossed ``max_memory`` or ``max_vram`` takes the worker out of
+rotation at once, ``kill_memory`` kills it, whatever else is going on. Recycles that keep
+coming for young workers are *alarmed* (``policy_too_tight``), never paused. A fresh worker
+already over ``max_memory`` after warm-up is a misconfiguration: it is drained like any
+other, and the model backs off spawning and reports itself unavailable with the reason, as a
+model that cannot load does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.core.diagnosis import Diagnosis, diagnose
+from supervisor.core.lifecycle import Lifecycle
+from supervisor.core.policy import Ruling, Verdict, evaluate, pressure_victim
+from supervisor.core.pool import ModelState, Pool, State, WorkerHandle
+from supervisor.core.reasons import Hold, Reason
+from supervisor.core.router import Router
+from supervisor.shared import logs
+
+log = logs.get(__name__)
+
+# Young memory recycles in a row before the policy is called too tight: one can be a fast
+# leak caught early; two in a row means recycling is not buying time.
+CHURN_LIMIT = 2
+# The alarm repeats, spaced by min_lifetime doubling up to this, so logs do not flood.
+MAX_ALARM_SPACING = 3600.0
+
+
+@dataclass
+class Candidate:
+    worker: WorkerHandle
+    reason: Reason
+    verdict: Verdict
+
+
+def held_back(pool: Pool, worker: WorkerHandle) -> tuple[Reason, Hold] | None:
+    """The recycle that waits for this worker, and why; None when none does. A limit never
+    waits (it takes the worker out of rotation at once), so a held-back worker is within its
+    absolute limits."""
+    if worker.state is not State.READY:
+        return None
+    if worker.leaving:
+        state = pool.models.get(worker.model)
+        if state is not None and state.failures and worker.reason is not None:
+            return worker.reason, Hold.BACKOFF
+        return None
+    if worker.held_back is not None:
+        return worker.held_back, Hold.MAX_CONCURRENT_RECYCLES
+    return None
+
+
+class Recycler:
+    def __init__(self, pool: Pool, router: Router, lifecycle: Lifecycle) -> None:
+        self.pool, self.router, self.lifecycle = pool, router, lifecycle
+        self.requested: dict[str, Reason] = {}  # worker id -> reason (manual, reload)
+
+    def judge(self, workers: Iterable[WorkerHandle], now: float) -> None:
+        """Verdicts for these (just sampled) workers, then recycles per model."""
+        candidates: dict[str, list[Candidate]] = {}
+        for worker in workers:
+            candidate = self._judge_one(worker, now)
+            if candidate is not None:
+                candidates.setdefault(worker.model, []).append(candidate)
+        self.requested = {k: v for k, v in self.requested.items() if k in self.pool.workers}
+        for model, found in candidates.items():
+            state = self.pool.models[model]
+            found.sort(key=lambda c: c.reason.urgency)
+            free = self.free_slots(state)
+            for candidate in found[:free]:
+                self.start(candidate.worker, candidate.reason, candidate.verdict, now)
+            for candidate in found[free:]:  # shown by status and metrics until it starts
+                candidate.worker.held_back = candidate.reason
+
+    def _judge_one(self, worker: WorkerHandle, now: float) -> Candidate | None:
+        worker.held_back = None  # judged afresh: set again by judge if it still waits
+        if worker.state is State.GONE or worker.killed or \
+                self.pool.workers.get(worker.id) is not worker:
+            return None
+        config = self.pool.models[worker.model].config
+        policy = config.policy
+        facts = worker.facts(-(-config.workers // policy.max_concurrent_recycles))
+        history = list(worker.history)
+        verdict = evaluate(history, facts, policy, now)
+        worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
+        worker.diagnosis = diagnose(history, facts, policy, verdict.assessment, verdict.reason,
+                                    worker.ready_probes)
+        reason = verdict.reason
+        crossed = reason is not None and (verdict.ruling is Ruling.KILL or reason.over_limit)
+        starting = worker.state is State.STARTING
+        if crossed and (starting or (worker.fresh and worker.state is State.READY)):
+            self._over_limit_from_start(worker, verdict, now)
+            return None
+        if starting:
+            return None
+        if verdict.ruling is Ruling.KILL:
+            self.kill(worker, verdict, now)  # holds for draining and stopping workers too
+            return None
+        if worker.state is not State.READY:
+            return None
+        if worker.fresh:
+            self._serves_within_limits(worker)
+        if crossed and reason is not None:
+            self.start(worker, reason, verdict, now)  # at once, whatever else is under way
+            return None
+        if worker.leaving:
+            return None
+        if verdict.ruling is Ruling.RECYCLE and reason is not None:
+            return Candidate(worker, reason, verdict)
+        if worker.id in self.requested:
+            return Candidate(worker, self.requested[worker.id], verdict)
+        return None
+
+    def _serves_within_limits(self, worker: WorkerHandle) -> None:
+        """A fresh worker judged under its limits: the model is known to serve."""
+        worker.fresh = False
+        state = self.pool.models[worker.model]
+        if state.unavailable:
+            log.info("model_available", model=worker.model)
+        state.failures, state.last_error, state.backoff_until = 0, None, 0.0
+
+    def _over_limit_from_start(self, worker: WorkerHandle, verdict: Verdict,
+                               now: float) -> None:
+        """Over a memory limit while loading, or right after warm-up before its first job:
+        no fresh worker can serve within the limit. The limit holds (killed while loading,
+        drained without a job after); the model backs off spawning and reports itself unavailable
+        with the reason, as a model that cannot load does."""
+        state = self.pool.models[worker.model]
+        reason = verdict.reason or Reason.MAX_MEMORY
+        when = "while loading" if worker.state is State.STARTING else "right after warm-up"
+        error = (f"a fresh worker uses {verdict.assessment.memory} bytes {when} "
+                 f"({verdict.detail}): no worker can serve within this limit; raise "
+                 f"policy.{reason.value} above what a fresh worker uses")
+        delay = self.pool.failed_to_serve(state, now, error)
+        log.error("policy_misconfigured", model=worker.model, worker=worker.id, pid=worker.pid,
+                  reason=reason.value, memory=verdict.assessment.memory,
+                  retry_in_seconds=delay, error=error)
+        worker.fresh = False
+        if verdict.ruling is Ruling.KILL or worker.state is State.STARTING:
+            # A loading worker holds no job and may not heed SIGTERM until it is up:
+            # killed, so it stops growing now and never overlaps its back-off replacement.
+            self.kill(worker, verdict, now)
+        else:
+            self.start(worker, reason, verdict, now)
+
+    def free_slots(self, state: ModelState) -> int:
+        busy = sum(1 for w in self.pool.of_model(state.name) if w.leaving)
+        return max(0, state.config.policy.max_concurrent_recycles - busy)
+
+    def host_pressure(self, available: int, floor: int, now: float) -> None:
+        """Below the host's floor: recycle the fastest-growing worker, one at a time."""
+        if available >= floor or any(w.reason is Reason.HOST_PRESSURE
+                                     for w in self.pool.workers.values()):
+            return
+        eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
+                    if not w.leaving and self.free_slots(state) > 0]
+        victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
+        if victim_id is None:
+            return
+        victim = self.pool.workers[victim_id]
+        verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE,
+                          f"host has {available} bytes available, under {floor}",
+                          victim.assessment)
+        self.start(victim, Reason.HOST_PRESSURE, verdict, now)
+
+    def request(self, model: str, worker_id: str | None, reason: Reason) -> list[str]:
+        """Queue a graceful recycle (manual, or for a reload); returns the worker ids."""
+        state = self.pool.models.get(model)
+        if state is None or state.removed:
+            raise KeyError(f"no model named '{model}'")
+        targets = [w for w in self.pool.of_model(model)
+                   if w.state in (State.STARTING, State.READY) and not w.leaving]
+        if worker_id is not None:
+            targets = [w for w in targets if w.id == worker_id]
+            if not targets:
+                raise KeyError(f"model '{model}' has no live worker '{worker_id}'")
+        self.requested.update((w.id, reason) for w in targets)
+        return [w.id for w in targets]
+
+    # --- acting --------------------------------------------------------------------------
+
+    def start(self, worker: WorkerHandle, reason: Reason, verdict: Verdict, now: float) -> None:
+        state = self.pool.models[worker.model]
+        first = not worker.leaving
+        if first:
+            self.pool.count_recycle(worker, reason, now, self._diagnosis(worker, reason))
+            self._note_churn(worker, reason, now)
+        self.requested.pop(worker.id, None)
+        surge = state.config.policy.surge and not reason.over_limit
+        # Draining early leaves the model a worker short until the replacement is ready:
+        # the policy's lead was too short for this leak (one that sped up, say).
+        emit = log.info if first else log.warning
+        emit("worker_recycling" if first else "worker_draining_early",
+             **self.event(worker, reason, verdict, now), surge=surge,
+             recycling_for=None if first else str(worker.reason))
+        if surge:
+            self.lifecycle.replace(worker, reason, now)
+        else:
+            self.lifecycle.drain(worker, reason, now)
+
+    def kill(self, worker: WorkerHandle, verdict: Verdict, now: float) -> None:
+        reason = verdict.reason or Reason.KILL_MEMORY
+        if not worker.leaving:  # a leaving worker's recycle was counted when it began
+            self.pool.count_recycle(worker, reason, now, self._diagnosis(worker, reason))
+            self._note_churn(worker, reason, now)
+        log.warning("worker_killed", **self.event(worker, reason, verdict, now))
+        self.lifecycle.kill(worker, reason, now)
+
+    def _note_churn(self, worker: WorkerHandle, reason: Reason, now: float) -> None:
+        if not reason.memory:
+            return
+        state = self.pool.models[worker.model]
+        policy = state.config.policy
+        age = now - worker.started_at
+        if age >= policy.min_lifetime:
+            state.churn = 0
+            return
+        state.churn += 1
+        if state.churn < CHURN_LIMIT or now < state.next_alarm:
+            return
+        spacing = min(MAX_ALARM_SPACING,
+                      max(policy.min_lifetime, 1.0) * 2 ** (state.churn - CHURN_LIMIT))
+        state.next_alarm = now + spacing
+        log.error("policy_too_tight", model=worker.model, worker=worker.id,
+                  reason=str(reason), churn=state.churn, age_seconds=round(age, 1),
+                  detail=f"{state.churn} workers in a row recycled for memory younger than "
+                  f"policy.min_lifetime ({policy.min_lifetime:.0f}s)",
+                  baseline=worker.assessment.baseline, max_memory=policy.max_memory,
+                  hint="recycles go on (a limit is a limit); raise the limit above the "
+                  "measured baseline, or fix the leak (docs/policy.md)")
+
+    def _diagnosis(self, worker: WorkerHandle, reason: Reason) -> Diagnosis | None:
+        """Why a worker recycled for memory grew: the one from its last judgement, or made
+        now (a host-pressure victim, a limit crossed on a sample taken outside a poll)."""
+        if not reason.memory:
+            return None
+        if worker.diagnosis is None:
+            policy = self.pool.models[worker.model].config.policy
+            worker.diagnosis = diagnose(list(worker.history), worker.facts(), policy,
+                                        worker.assessment, reason, worker.ready_probes)
+        return worker.diagnosis
+
+    def event(self, worker: WorkerHandle, reason: Reason, verdict: Verdict,
+              now: float) -> dict[str, Any]:
+        found = self._diagnosis(worker, reason)
+        return {"model": worker.model, "worker": worker.id, "pid": worker.pid,
+                "reason": str(reason), "detail": verdict.detail, "jobs": worker.jobs,
+                "age_seconds": round(now - worker.started_at, 1),
+                "in_flight": len(self.router.held_by(worker.id)),
+                **verdict.assessment.fields(),
+                **({"cause": found.cause.value, "summary": found.summary,
+                    "remedy": found.remedy, "evidence": found.evidence} if found else {})}

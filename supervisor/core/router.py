@@ -1,0 +1,198 @@
+"""Jobs: per-model bounded queues, the in-flight table, dispatch, requeue and deadlines.
+
+Every job is in exactly one place — a queue or the in-flight table of the worker holding it —
+until it is answered, and answering removes it: that is how each request gets exactly one
+reply. In-flight jobs are kept per worker because the hot path asks per worker (is it idle?
+is this answer from the worker that holds the job?).
+
+The bounds count what a model holds, queued *and* in flight (``max_queue`` jobs,
+``max_queue_bytes`` bytes of arrays): a requeued job moves from one to the other and never
+pushes a model past them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+
+from supervisor.config.keys import BatchPolicy
+from supervisor.core.actions import Action, Reply, SendBatch
+from supervisor.core.batching import job_rows, take_batch
+from supervisor.core.jobs import Job
+from supervisor.shared.protocol import (
+    DEADLINE_EXCEEDED,
+    OVERLOADED,
+    WORKER_CRASHED,
+    Message,
+    error_message,
+)
+
+UNBATCHED = BatchPolicy()
+
+
+class Router:
+    def __init__(self, outbox: list[Action], max_queue: int,
+                 max_queue_bytes: int | None = None) -> None:
+        self.outbox = outbox
+        self.max_queue = max_queue
+        self.max_queue_bytes = max_queue_bytes
+        self.queues: dict[str, deque[Job]] = {}
+        self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
+        self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
+        self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
+        self.pending_bytes: dict[str, int] = {}
+
+    # --- queries -------------------------------------------------------------------------
+
+    def queued(self, model: str) -> int:
+        return len(self.queues.get(model, ()))
+
+    def held_by(self, worker_id: str) -> list[Job]:
+        return list(self.held.get(worker_id, {}).values())
+
+    def in_flight(self) -> Iterator[Job]:
+        for jobs in self.held.values():
+            yield from jobs.values()
+
+    def pending(self) -> int:
+        return sum(self.pending_jobs.values())
+
+    # --- flow ----------------------------------------------------------------------------
+
+    def answer(self, job: Job, msg: Message) -> None:
+        """The one place an admitted job leaves the system: removed, then replied to. A job
+        no longer here (answered already) is never answered twice."""
+        if not self._release(job):
+            return
+        self.pending_jobs[job.model] -= 1
+        self.pending_bytes[job.model] -= job.nbytes
+        self.outbox.append(Reply(job.envelope, msg, job, job.model))
+
+    def fail(self, job: Job, code: str, message: str) -> None:
+        self.answer(job, error_message(job.client_job_id, code, message))
+
+    def submit(self, job: Job) -> bool:
+        """Queue a new job, or answer it 'overloaded' when its model holds its limit."""
+        jobs = self.pending_jobs.get(job.model, 0)
+        size = self.pending_bytes.get(job.model, 0)
+        over = None
+        if jobs >= self.max_queue:
+            over = f"{jobs} jobs (max_queue {self.max_queue})"
+        elif self.max_queue_bytes is not None and size + job.nbytes > self.max_queue_bytes:
+            over = f"{size} bytes, this job {job.nbytes} more (max_queue_bytes " \
+                   f"{self.max_queue_bytes})"
+        if over is not None:
+            message = f"model '{job.model}' holds {over}; retry later"
+            self.outbox.append(Reply(job.envelope, error_message(job.client_job_id, OVERLOADED,
+                                                                 message), None, job.model))
+            return False
+        self.queues.setdefault(job.model, deque()).append(job)
+        self.pending_jobs[job.model] = jobs + 1
+        self.pending_bytes[job.model] = size + job.nbytes
+        return True
+
+    def dispatch(self, model: str, ready: Iterable[tuple[str, int]], now: float,
+                 policy: BatchPolicy = UNBATCHED) -> int:
+        """Send queued jobs, batched, to idle workers. ``ready`` is (worker id, jobs done) of
+        the model's workers in rotation; the least used idle one goes first, so load
+        spreads."""
+        queue = self.queues.get(model)
+        if not queue:
+            return 0
+        idle = sorted((jobs, wid) for wid, jobs in ready if wid not in self.held)
+        sent = 0
+        for _, worker_id in idle:
+            batch = take_batch(queue, policy, now)
+            if not batch:
+                break
+            rows = sum(job_rows(job) for job in batch)
+            for job in batch:
+                job.worker, job.dispatched_at = worker_id, now
+                job.attempts += 1
+                self.held.setdefault(worker_id, {})[job.id] = job
+            count, total = self.batches.get(model, (0, 0))
+            self.batches[model] = (count + 1, total + rows)
+            pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
+            self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now))
+            sent += len(batch)
+        return sent
+
+    def complete(self, job_id: int, worker_id: str) -> Job | None:
+        """The in-flight job a worker answered, or None if it is no longer that worker's
+        (requeued after a drain timeout, say): a late answer is dropped, never sent twice."""
+        return self.held.get(worker_id, {}).get(job_id)
+
+    def _release(self, job: Job) -> bool:
+        """Take a job out of wherever it is; False if it is nowhere (answered already)."""
+        if job.worker is not None:
+            jobs = self.held.get(job.worker)
+            if jobs is None or jobs.pop(job.id, None) is None:
+                return False
+            if not jobs:
+                del self.held[job.worker]  # a gone worker leaves no entry behind
+            return True
+        queue = self.queues.get(job.model)
+        if queue is None:
+            return False
+        try:
+            queue.remove(job)
+        except ValueError:
+            return False
+        return True
+
+    def requeue(self, worker_id: str, max_attempts: int, why: str, suspect: bool,
+                note: str) -> tuple[int, int]:
+        """Take back a lost worker's jobs: to the front of their queue, or answered
+        ``worker_crashed`` (with ``note``) once they have been sent to ``max_attempts``
+        workers — every try counts, whatever the cause (docs/protocol.md). With ``suspect``
+        (one of them may have caused the loss) each runs alone from then on, so a poison
+        input fails by itself. Returns (requeued, failed)."""
+        requeued = failed = 0
+        held = self.held.pop(worker_id, {})
+        for job in sorted(held.values(), key=lambda j: j.id, reverse=True):
+            job.worker = job.dispatched_at = None
+            job.lost_on.append(worker_id)
+            job.solo = job.solo or suspect
+            self.queues.setdefault(job.model, deque()).appendleft(job)
+            if job.attempts >= max_attempts:
+                tried = ", ".join(job.lost_on[-8:])
+                self.fail(job, WORKER_CRASHED, f"{why}; the job was sent to {job.attempts} "
+                          f"worker(s) ({tried}), each lost — {note}; not retried again")
+                failed += 1
+            else:
+                requeued += 1
+        return requeued, failed
+
+    def overdue(self, now: float, timeouts: dict[str, float]) -> list[Job]:
+        """In-flight jobs that have run longer than their model's job timeout."""
+        if not timeouts:
+            return []
+        return [j for j in self.in_flight() if j.model in timeouts and
+                j.dispatched_at is not None and now - j.dispatched_at > timeouts[j.model]]
+
+    def expire(self, now: float) -> None:
+        """Answer queued jobs whose deadline has passed. One predicate decides both which
+        are answered and which are kept, so no job can fall between the two."""
+        for queue in self.queues.values():
+            expired = [job for job in queue if job.expired(now)]
+            for job in expired:
+                self.fail(job, DEADLINE_EXCEEDED, f"deadline passed "
+                          f"{now - job.received_at:.3f}s after the job was received, before "
+                          "a worker could take it")
+
+    def fail_queued(self, model: str, code: str, message: str) -> int:
+        queue = self.queues.get(model)
+        count = 0
+        while queue:
+            self.fail(queue[0], code, message)
+            count += 1
+        return count
+
+    def forget(self, model: str) -> None:
+        """A removed model with nothing pending leaves no entry behind."""
+        if not self.queues.get(model) and not self.pending_jobs.get(model):
+            self.queues.pop(model, None)
+            self.pending_jobs.pop(model, None)
+            self.pending_bytes.pop(model, None)
+            self.batches.pop(model, None)
+

@@ -1,0 +1,161 @@
+"""Control commands: status on the control (status) and admin endpoints, recycle and reload
+on the admin endpoint only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.core.core import Core
+from supervisor.core.diagnosis import trends
+from supervisor.core.policy import byte_limits, over_limits
+from supervisor.core.pool import WorkerHandle
+from supervisor.core.recycling import held_back
+from supervisor.daemon.sampling import read_memory
+from supervisor.shared.protocol import TensorSpec
+
+# Commands that change what the daemon does; the status endpoint refuses them.
+ADMIN_COMMANDS = ("recycle", "reload")
+
+
+class Controller:
+    def __init__(self, core: Core, reload: Callable[[], dict[str, Any]],
+                 serving: Callable[[], bool], ready: Callable[[], bool]) -> None:
+        self.core = core
+        self.reload = reload
+        self.serving = serving  # past start-up (READY=1 sent) and not stopping
+        self.ready = ready  # serving, and every required model has a ready worker now
+
+    def handle(self, header: dict[str, Any], now: float, admin: bool) -> dict[str, Any]:
+        """``admin``: the command came in on the admin endpoint, the only one that may
+        change the service."""
+        command = header.get("command")
+        if command == "status":
+            return {"ok": True, "result": self.status(now)}
+        if command in ADMIN_COMMANDS and not admin:
+            return {"ok": False, "error": f"{command!r} changes the service: send it to the "
+                    "admin endpoint (supervisor.admin), which only the service user, "
+                    "admin_group or curve.admin_clients may reach"}
+        if command == "explain":
+            return self.explain(header.get("model"))
+        if command == "recycle":
+            return self.recycle(header.get("model"), header.get("worker"))
+        if command == "reload":
+            return self.reload()
+        return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
+                "explain, recycle, reload"}
+
+    def explain(self, model: object) -> dict[str, Any]:
+        """Per worker of a model: the probes, their trends per 1k jobs over the trend
+        window, the input shapes that grew it most, and the suspected cause (read-only)."""
+        state = self.core.pool.models.get(model) if isinstance(model, str) else None
+        if state is None:
+            return {"ok": False, "error": f"no model named {str(model)[:64]!r}"}
+        policy = state.config.policy
+        workers = []
+        for w in self.core.pool.of_model(state.name):
+            found = trends(list(w.history), w.facts(), policy)
+            probes = w.probes
+            workers.append({
+                "id": w.id, "slot": w.slot, "state": w.state.value, "jobs": w.jobs,
+                "memory": w.assessment.memory, "baseline": w.assessment.baseline,
+                "trends": found.fields(),
+                "probes": probes.to_wire() if probes else None,
+                "probes_at_ready": w.ready_probes.to_wire() if w.ready_probes else None,
+                "probe_cost_per_job": probes.cost_per_job() if probes else None,
+                "diagnosis": w.diagnosis.fields() if w.diagnosis else None})
+        return {"ok": True, "result": {"model": state.name, "workers": workers,
+                                       "memory_metric": policy.memory_metric,
+                                       "last_recycle": state.last_recycle and
+                                       {k: v for k, v in state.last_recycle.items()
+                                        if k != "at"}}}
+
+    def recycle(self, model: object, worker: object) -> dict[str, Any]:
+        if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):
+            return {"ok": False, "error": "recycle needs a model name and optionally a worker id"}
+        try:
+            scheduled = self.core.recycle(model, worker)
+        except KeyError as exc:
+            return {"ok": False, "error": str(exc.args[0])}
+        return {"ok": True, "result": {"scheduled": scheduled}}
+
+    def status(self, now: float) -> dict[str, Any]:
+        pool, router = self.core.pool, self.core.router
+        models = {}
+        for name, state in pool.models.items():
+            workers = [self._worker(w, now) for w in pool.of_model(name)]
+            models[name] = {
+                "workers": workers,
+                "configured_workers": state.config.workers,
+                "required": state.config.required,
+                "queued": router.queued(name),
+                "in_flight": sum(1 for j in router.in_flight() if j.model == name),
+                "recycles": dict(state.recycles),
+                "last_recycle": _ago(state.last_recycle, now),
+                "recycles_held_back": sum(1 for w in workers if w["recycle_held_back"]),
+                "exits": {str(cause): n for cause, n in state.exits.items()},
+                "last_unexpected_exit": _ago(state.last_unexpected_exit, now),
+                "memory_metric": state.config.policy.memory_metric,
+                "max_memory": state.config.policy.max_memory,
+                "limits": {str(r): v for r, v in byte_limits(state.config.policy)},
+                "policy_too_tight": state.churn >= 2,
+                "available": pool.available(name),
+                # its workers fail to start (last_error says why); retried with back-off
+                "failing_to_start": state.unavailable,
+                # dropped by a reload: finishing its queue, then gone
+                "removed": state.removed,
+                "last_error": state.last_error,
+                "inputs": _wire(state.inputs),
+                "batches": self._batches(name, state.config.batching.max_batch_size),
+            }
+        return {"serving": self.serving(), "ready": self.ready(), "models": models}
+
+    def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
+        count, rows = self.core.router.batches.get(model, (0, 0))
+        return {"max_batch_size": max_batch_size, "sent": count,
+                "mean_rows": round(rows / count, 2) if count else None}
+
+    def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
+        last = worker.history.last()
+        a = worker.assessment
+        policy = self.core.pool.models[worker.model].config.policy
+        held = held_back(self.core.pool, worker)
+        return {"id": worker.id, "slot": worker.slot, "role": str(worker.role),
+                "pid": worker.pid, "state": worker.state.value,
+                "rss": read_memory(worker.pid, "rss") if worker.pid else None,
+                "memory": last.memory if last else None,
+                "vram": last.vram if last else None,
+                # absolute limits its last sample is at or over (so it is on its way out)
+                "over_limits": [str(r) for r, _, _ in over_limits(
+                    last.memory if last else None, last.vram if last else None, policy)],
+                "recycle_held_back": {"reason": str(held[0]), "why": str(held[1])}
+                if held else None,
+                "tf_memory": worker.tf_memory,
+                "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
+                "in_flight": len(self.core.router.held_by(worker.id)),
+                "warmed_up": a.warmed_up, "baseline": a.baseline,
+                "growth_per_1k_jobs": a.growth_per_1k_jobs,
+                "growth_per_hour": a.growth_per_hour,
+                "seconds_to_limit": a.seconds_to_limit,
+                # a trend recycles once seconds_to_limit is under this (policy.trend_lead)
+                "lead_seconds": a.lead_seconds,
+                "recycle_reason": str(worker.reason) if worker.reason else None,
+                # asked for (an operator, a reload), to start at the next poll
+                "recycle_requested": str(requested) if (requested := self.core.recycler
+                                                         .requested.get(worker.id)) else None,
+                # why it grows, once its trend is judged suspect (diagnosis.py)
+                "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
+                "suspected": worker.diagnosis.summary if worker.diagnosis else None}
+
+
+def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
+    return None if specs is None else [s.to_wire() for s in specs]
+
+
+def _ago(event: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """A recorded event, its monotonic time ``at`` given as seconds ago."""
+    if event is None:
+        return None
+    return {**{k: v for k, v in event.items() if k != "at"},
+            "seconds_ago": round(now - event["at"], 1)}
+

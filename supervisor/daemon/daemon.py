@@ -1,0 +1,511 @@
+"""The supervisor's main loop: sockets, worker processes, signals and memory readings
+around the socket-free core (supervisor/core/core.py), which makes every decision.
+
+Single-threaded: one zmq poller over the frontend, backend and control sockets plus a
+signal wake-up pipe. Signal handlers only record the signal; the loop acts on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from supervisor.config import worker_spec
+from supervisor.config.keys import Config, SupervisorSection
+from supervisor.config.loading import load_config
+from supervisor.config.settings import ConfigErrors
+from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.core.batching import job_rows, next_deadline
+from supervisor.core.core import Core
+from supervisor.daemon import security, startup
+from supervisor.daemon.control import Controller
+from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
+from supervisor.daemon.monitor import Monitor
+from supervisor.daemon.reporting import Reporter
+from supervisor.daemon.signals import SignalInbox
+from supervisor.daemon.worker_output import WorkerOutput
+from supervisor.shared import logs
+from supervisor.shared.exitcodes import DaemonExit, WorkerExit
+from supervisor.shared.protocol import (
+    CONTROL,
+    ERROR,
+    STOP,
+    Frame,
+    JobEntry,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    pack_job,
+    split_envelope,
+)
+from supervisor.shared.transport import NOBLOCK, recv, send
+
+log = logs.get(__name__)
+
+# Messages read from one socket per loop turn, so no socket starves the others.
+BATCH_READS = 256
+# The loop wakes at least this often for housekeeping (messages, signals and deadlines wake
+# it sooner): rarely enough to cost nothing when idle.
+MAX_SLEEP = 0.5
+# Fewest messages ZeroMQ may buffer per client connection before admission (see _receive_hwm).
+RECEIVE_HWM_FLOOR = 64
+# Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
+HOUSEKEEPING = 0.01
+
+
+
+
+
+class Daemon:
+    """Sockets, processes, signals and /proc: the I/O around the core, and nothing else.
+
+    Every decision is the core's; the daemon turns what happens into core events (with the
+    time) and performs the actions the core returns, in order.
+    """
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.core = Core(config)
+        self.context = zmq.Context()
+        self.frontend = self.context.socket(zmq.ROUTER)
+        self.backend = self.context.socket(zmq.ROUTER)
+        self.control = self.context.socket(zmq.ROUTER)  # status: read-only
+        self.admin = self.context.socket(zmq.ROUTER)  # recycle, reload: its own access
+        self.bound: list[Path] = []  # ipc socket files this daemon created
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.monitor = Monitor()
+        self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
+        self.reporter = Reporter(self.core.pool, self.core.router, clock())
+        self.controller = Controller(
+            self.core, self.reload,
+            serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
+            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None))
+        self.signals = SignalInbox()
+        self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
+        self.next_housekeeping = 0.0
+        self.log_format = "auto"  # workers log the way the supervisor does
+        self.instance = InstanceLock(Path(config.runtime_dir))
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Everything the start needs, in order; raises StartError (one cause, one exit
+        status) and leaves behind only what _close removes."""
+        sup = self.config.supervisor
+        runtime = Path(self.config.runtime_dir)
+        with startup.step("socket_group"):
+            gid = security.group_id("socket_group", sup.socket_group)
+        with startup.step("admin_group"):
+            admin_gid = security.group_id("admin_group", sup.admin_group)
+        with startup.step(f"runtime dir {runtime}", runtime_dir=True):
+            security.prepare_runtime_dir(runtime, gid)
+            self.instance.acquire()  # before any socket: never take over a live daemon's
+            private = Path(self.config.backend[len("ipc://"):]).parent
+            private.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
+        # What ZeroMQ buffers before admission counts against memory too: a few messages per
+        # client pipe (see docs/protocol.md for the bound this gives).
+        self.frontend.setsockopt(zmq.RCVHWM, _receive_hwm(sup))
+        self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        for sock in self._sockets():
+            sock.setsockopt(zmq.LINGER, 1000)
+        if sup.curve.enabled:
+            self._curve(sup)
+        for endpoint in sup.endpoints:
+            self._bind(self.frontend, endpoint, gid)
+        self._bind(self.backend, self.config.backend, None)
+        self._bind(self.control, sup.control, gid)
+        self._bind(self.admin, sup.admin, admin_gid, shared=admin_gid is not None)
+        if sup.metrics:
+            with startup.step(f"metrics address {sup.metrics}"):
+                self.reporter.metrics.serve(sup.metrics)
+
+    def _curve(self, sup: SupervisorSection) -> None:
+        with startup.step("supervisor.curve"):
+            self.zap = security.start_zap(self.context, security.read_clients(sup.curve))
+            security.make_curve_server(self.frontend, sup.curve)
+            if sup.control.startswith("tcp://"):
+                security.make_curve_server(self.control, sup.curve)
+            if sup.admin.startswith("tcp://"):
+                security.make_curve_server(self.admin, sup.curve, security.ADMIN_DOMAIN)
+
+    def _bind(self, sock: zmq.Socket[bytes], endpoint: str, gid: int | None,
+              shared: bool = True) -> None:
+        path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+        with startup.step(f"endpoint {endpoint}", runtime_dir=path is not None):
+            if path is not None and path.is_socket():
+                if _listening(path):  # ZeroMQ would silently take it over
+                    raise AlreadyRunning(f"{endpoint} is served by another live process; "
+                                         "stop it first, or choose another endpoint")
+                path.unlink()  # left by a previous run that died
+            previous = os.umask(0o177)  # no moment when others could open the socket file
+            try:
+                sock.bind(endpoint)
+            finally:
+                os.umask(previous)
+            if path is not None:
+                self.bound.append(path)  # ours to remove at exit, and only those
+            security.restrict_socket(endpoint, gid, shared)
+
+    def _sockets(self) -> tuple[zmq.Socket[bytes], ...]:
+        return (self.frontend, self.backend, self.control, self.admin)
+
+    # --- main loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self.bind()
+        except startup.StartError as exc:
+            return self._failed_start(exc.code, exc.message)
+        except Exception as exc:  # a bug, not an operator's condition: keep the traceback
+            log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
+            return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
+        self.signals.install()
+        sup = self.config.supervisor
+        log.info("supervisor_started", pid=os.getpid(), endpoints=list(sup.endpoints),
+                 control=sup.control, admin=sup.admin, models=sorted(self.config.models))
+        poller = zmq.Poller()
+        for sock in self._sockets():
+            poller.register(sock, zmq.POLLIN)
+        poller.register(self.signals.fileno(), zmq.POLLIN)
+        if self.zap is not None:
+            poller.register(self.zap.zap_socket, zmq.POLLIN)
+        self.output.attach(poller)
+        try:
+            while not self.core.finished:
+                ready = dict(poller.poll(self._sleep_ms()))
+                self._guarded("signal_handling_failed",
+                              partial(self._handle_signals, self.signals.fileno() in ready))
+                if self.backend in ready:
+                    self._drain(self.backend, self._on_backend)
+                if self.frontend in ready:
+                    self._drain(self.frontend, self._on_frontend)
+                if self.control in ready:
+                    self._drain(self.control, self._on_control)
+                if self.admin in ready:
+                    self._drain(self.admin, self._on_admin)
+                if self.zap is not None and self.zap.zap_socket in ready:
+                    self._guarded("zap_failed", self.zap.handle)
+                if self.output.readable(ready):  # nothing per wake-up without output
+                    self._guarded("worker_output_failed",
+                                  partial(self.output.read, ready, self.clock()))
+                self._guarded("housekeeping_failed", self.housekeeping)
+        finally:
+            self._close()
+        log.info("supervisor_stopped")
+        return DaemonExit.OK
+
+    def _failed_start(self, code: DaemonExit, message: str, logged: bool = False) -> int:
+        """One error event and a documented status; nothing left behind that this daemon
+        created (sockets, lock), and nothing touched that another one owns."""
+        if not logged:
+            log.error("supervisor_start_failed", error=message, exit_code=int(code))
+        with contextlib.suppress(Exception):
+            self._close()
+        return code
+
+    def _guarded(self, event: str, step: Callable[[], None]) -> None:
+        """The daemon never dies of its own housekeeping: the error is logged, the loop goes
+        on, and the next turn tries again."""
+        try:
+            step()
+        except Exception:
+            log.exception(event)
+        self._perform()
+
+    def _sleep_ms(self) -> int:
+        """Until the next thing due: a memory poll, a watchdog ping, a partial batch that
+        stops waiting, a queued job that expires; at most MAX_SLEEP."""
+        now = self.clock()
+        wake = min(now + MAX_SLEEP, max(self.core.next_poll, self.next_housekeeping))
+        if self.reporter.notifier.watchdog_interval:
+            wake = min(wake, max(self.reporter.next_watchdog, self.next_housekeeping))
+        for model, state in self.core.pool.models.items():
+            queue = self.core.router.queues.get(model)
+            if not queue:
+                continue
+            # The head is the oldest job, so usually the first to expire; later ones are
+            # answered by the next housekeeping pass. O(1): this runs on every wake-up.
+            deadlines = [next_deadline(queue, state.config.batch_policy), queue[0].deadline]
+            for deadline in deadlines:
+                if deadline is not None and deadline > now:  # past ones wait for a free
+                    wake = min(wake, deadline)  # worker, whose answer wakes the loop
+        return max(0, int((wake - now) * 1000) + 1)
+
+    def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
+        for _ in range(BATCH_READS):
+            try:
+                frames = recv(sock, NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                handler(frames)
+            except Exception:  # the daemon never dies of one message
+                log.exception("message_handling_failed")
+            self._perform()
+
+    def housekeeping(self) -> None:
+        """At most every HOUSEKEEPING seconds, so a busy loop spends its time on jobs:
+        reap exited workers, read memory when a poll is due, let the core tick, report."""
+        now = self.clock()
+        if now < self.next_housekeeping:
+            return
+        self.next_housekeeping = now + HOUSEKEEPING
+        self._reap(now)
+        self.output.tick(now)
+        targets = self.core.poll_due(now)
+        if targets is not None:
+            pids = [pid for _, pid, _ in targets]
+            readings = self.monitor.read(targets, pids, now)
+            floor = self.config.supervisor.min_available_memory
+            available = self.monitor.host_available() if floor is not None else None
+            self.core.samples(now, readings, poll=True, host_available=available)
+        self.core.tick(now)
+        self._perform()
+        self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None,
+                             self.core.shutdown_deadline())
+
+    def _reap(self, now: float) -> None:
+        for worker_id, process in list(self.processes.items()):
+            code = process.poll()
+            if code is not None:
+                del self.processes[worker_id]
+                self.output.finish(worker_id, now)  # its last lines before its exit event
+                self.core.exited(worker_id, code, now)
+
+    # --- actions -------------------------------------------------------------------------
+
+    def _perform(self) -> None:
+        """Carry out what the core decided; some actions report back (a spawn that failed,
+        memory read now), which may decide more."""
+        while actions := self.core.take():
+            for action in actions:
+                try:
+                    self._perform_one(action)
+                except Exception:
+                    log.exception("action_failed", action=type(action).__name__)
+
+    def _perform_one(self, action: Action) -> None:
+        if isinstance(action, Reply):
+            send(self.frontend, [*action.envelope, *encode(action.msg)])
+            self._count(action)
+        elif isinstance(action, SendBatch):
+            self._send_batch(action)
+        elif isinstance(action, Spawn):
+            self._spawn(action)
+        elif isinstance(action, Stop):
+            send(self.backend, [action.worker_id.encode(), *encode(Message(STOP))])
+            self._signal(action.worker_id, signal.SIGTERM)
+        elif isinstance(action, Kill):
+            self._signal(action.worker_id, signal.SIGKILL)
+        elif isinstance(action, SampleNow):
+            now = self.clock()
+            targets = [(w, self.processes[w].pid, self._metric(w)) for w in action.worker_ids
+                       if w in self.processes]
+            pids = [p.pid for p in self.processes.values()]
+            self.core.samples(now, self.monitor.read(targets, pids, now), poll=False)
+
+    def _count(self, reply: Reply) -> None:
+        now = self.clock()
+        if reply.job is not None:
+            self.reporter.answered(reply.job, reply.msg, now)
+        elif reply.msg.kind == ERROR:
+            self.reporter.refused(reply.model, str(reply.msg.header.get("code")), now)
+
+    def _send_batch(self, action: SendBatch) -> None:
+        """One message per batch; the jobs' array frames pass through without a copy."""
+        jobs = action.jobs
+        self.reporter.metrics.batch(jobs[0].model, sum(job_rows(j) for j in jobs),
+                                    [action.now - j.received_at for j in jobs])
+        entries = [JobEntry(str(j.id).encode(), j.inputs, j.arrays) for j in jobs]
+        send(self.backend, [action.worker_id.encode(), *encode(pack_job(entries, action.pad_to))])
+
+    def _spawn(self, action: Spawn) -> None:
+        capture: int | None = None
+        try:
+            secret = secrets.token_hex(16)
+            spec = worker_spec.build_spec(self.core.config, action.model, action.worker_id,
+                                    os.getpid(), self.log_format, secret)
+            # Under JSON logs every line must be JSON, so the worker's output comes through
+            # us (daemon/worker_output.py); it then logs JSON too ("auto" on a pipe). On a
+            # console a person reads it: the terminal is inherited and the TF lines, colours
+            # and progress bars show as they are, unwrapped and unthrottled.
+            if not logs.renders_console(self.log_format):
+                capture = self.output.open(action.worker_id, action.model, self.clock())
+            process = subprocess.Popen(
+                worker_spec.worker_command(spec),
+                env=worker_spec.worker_env(self.core.config, spec, os.environ),
+                stdin=subprocess.DEVNULL,
+                stdout=capture,
+                stderr=subprocess.STDOUT if capture is not None else None,
+                # Own process group: a Ctrl-C on the terminal reaches the supervisor only,
+                # which then drains its workers instead of having them die mid-job.
+                process_group=0,
+            )
+        except (OSError, worker_spec.SpawnError) as exc:  # EAGAIN, ENOMEM, a spec that cannot
+            # travel: a boot failure, reported with its reason and retried with back-off
+            error = f"worker {action.worker_id} could not be started: {type(exc).__name__}: " \
+                    f"{exc}"
+            log.error("worker_spawn_failed", model=action.model, worker=action.worker_id,
+                      error=error)
+            self.output.finish(action.worker_id, self.clock())
+            self.core.exited(action.worker_id, WorkerExit.SPAWN_FAILED, self.clock(), error)
+            return
+        finally:
+            if capture is not None:
+                os.close(capture)  # the worker has its copy: its exit ends the stream
+        self.processes[action.worker_id] = process
+        self.core.spawned(action.worker_id, process.pid, secret)
+
+    def _signal(self, worker_id: str, signum: int) -> None:
+        process = self.processes.get(worker_id)
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):  # already gone; reaping will tell
+                process.send_signal(signum)
+
+    def _metric(self, worker_id: str) -> str:
+        worker = self.core.pool.workers.get(worker_id)
+        if worker is None:
+            return "rss"
+        return self.core.pool.models[worker.model].config.policy.memory_metric
+
+    # --- sockets in ----------------------------------------------------------------------
+
+    def _on_frontend(self, frames: list[Frame]) -> None:
+        self.core.request(frames, self.clock())
+
+    def _on_backend(self, frames: list[Frame]) -> None:
+        identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
+        self.core.worker_message(identity, frames[1:], self.clock())
+
+    def _on_control(self, frames: list[Frame]) -> None:
+        self._command(self.control, frames, admin=False)
+
+    def _on_admin(self, frames: list[Frame]) -> None:
+        self._command(self.admin, frames, admin=True)
+
+    def _command(self, sock: zmq.Socket[bytes], frames: list[Frame], admin: bool) -> None:
+        envelope, body = split_envelope(frames)
+        try:
+            msg = decode(body)
+            if msg.kind != CONTROL:
+                raise ProtocolError("the control socket takes control messages only")
+            result = self.controller.handle(msg.header, self.clock(), admin)
+        except ProtocolError as exc:
+            result = {"ok": False, "error": str(exc)}
+        send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
+
+    # --- signals, reload and shutdown ----------------------------------------------------
+
+    def _handle_signals(self, woken: bool = True) -> None:
+        for signum in self.signals.take(woken):
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                self.core.shutdown(self.clock(), signal.Signals(signum).name)
+                self.reporter.notifier.stopping()
+            elif signum == signal.SIGHUP:
+                self.reload()
+
+    def reload(self) -> dict[str, Any]:
+        """SIGHUP or the reload command; its outcome is counted in the metrics."""
+        return self.reporter.reloaded(self._reload())
+
+    def _reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply it in place. Anything wrong with the file, or
+        any failure while reading it, changes nothing and is logged as config_rejected."""
+        path = self.config.path
+        if path is None:
+            return {"ok": False, "error": "this supervisor was not started from a file"}
+        try:
+            new = load_config(path)
+            # Keys are read whole before anything changes: a directory that cannot be read
+            # must not leave the old keys (a revoked client) admitted. The socket settings,
+            # key paths among them, stay those of the running config (reload.effective).
+            keys = security.read_clients(self.config.supervisor.curve) \
+                if self.zap is not None else {}
+        except (ConfigErrors, security.KeyDirError) as errors:
+            messages = [str(e) for e in errors.errors] \
+                if isinstance(errors, ConfigErrors) else [str(errors)]
+            log.error("config_rejected", path=str(path), errors=messages)
+            return {"ok": False, "error": "config rejected, running config kept:\n" +
+                    "\n".join(messages)}
+        except Exception as exc:  # whatever the file holds, the daemon keeps running
+            log.exception("config_rejected", path=str(path))
+            return {"ok": False, "error": f"config rejected, running config kept: "
+                    f"{type(exc).__name__}: {exc}"}
+        self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
+        changes = self.core.reload(new, self.clock())
+        self.config = self.core.config
+        if self.zap is not None:
+            security.install_clients(self.zap, keys)
+        self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
+        log.info("config_reloaded", path=str(path), **changes.summary())
+        if changes.restart_required:
+            log.warning("restart_required", settings=changes.restart_required,
+                        hint="these settings bind sockets; they take effect on restart")
+        return {"ok": True, "result": changes.summary()}
+
+    def _close(self) -> None:
+        self._refuse_latecomers()
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        try:
+            self.output.finish_all(self.clock())
+        except Exception:  # the sockets and the instance lock must still be released
+            log.exception("worker_output_failed")
+        if self.zap is not None:
+            self.zap.close()
+        for sock in self._sockets():
+            sock.close(linger=1000)
+        self.context.term()
+        self.reporter.metrics.close()
+        self.reporter.notifier.close()
+        for path in self.bound:
+            path.unlink(missing_ok=True)
+        self.instance.release()  # last: the sockets are gone, another daemon may start
+
+    def _refuse_latecomers(self) -> None:
+        """Requests that arrived while the last workers stopped are answered
+        'shutting_down', not left to the client's timeout."""
+        if self.core.shutdown_started is None:
+            return
+        with contextlib.suppress(Exception):
+            self._drain(self.frontend, self._on_frontend)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a live process accepts connections on this unix socket path."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _receive_hwm(sup: SupervisorSection) -> int:
+    """Messages ZeroMQ may buffer per client connection before admission: max_queue_bytes
+    worth of the largest messages, but at least RECEIVE_HWM_FLOOR (fewer throttles clients
+    that keep a window of small jobs in flight: 4 cost a third of the tiny-job throughput)
+    and at most ZeroMQ's default 1000."""
+    return max(RECEIVE_HWM_FLOOR, min(1000, sup.max_queue_bytes // max(1, sup.max_message_size)))

@@ -1,0 +1,207 @@
+"""Who may reach the supervisor: CURVE keys, the ZAP handler, ipc socket permissions.
+
+The ZAP handler runs inside the daemon's own loop (no extra thread): its socket is polled
+like the others, and every denied handshake is one log event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.base import Authenticator
+
+from supervisor.config.keys import CurveConfig
+from supervisor.shared import logs
+
+log = logs.get(__name__)
+
+ZAP_DOMAIN = "tfsupervisor"
+# The admin endpoint's own ZAP domain: its key set (curve.admin_clients) is separate, so a
+# client admitted to submit jobs or read status cannot recycle or reload.
+ADMIN_DOMAIN = "tfsupervisor-admin"
+# A key directory with more files than this is not a key directory.
+MAX_CLIENT_KEYS = 100_000
+# A public certificate is a few hundred bytes; a larger .key file is not one.
+MAX_KEY_FILE = 64 * 1024
+
+
+class KeyDirError(Exception):
+    """A client key directory that cannot be used as a whole: missing, unreadable, empty,
+    or holding a file that is not a public certificate."""
+
+
+class ZapHandler(Authenticator):
+    """pyzmq's ZAP authenticator, with denials logged as structured events.
+
+    pyzmq's handlers are coroutines; with certificates read from files they never wait on
+    anything, so a private event loop runs each to completion inside the daemon's loop.
+    """
+
+    def __init__(self, context: zmq.Context[Any]) -> None:
+        super().__init__(context)
+        self._loop = asyncio.new_event_loop()
+
+    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            log.warning("handshake_denied", mechanism="CURVE",
+                        client_key=zmq.utils.z85.encode(client_key).decode(),
+                        reason=reason.decode(errors="replace"))
+        return allowed, reason
+
+    def handle(self) -> None:
+        """Answer one pending ZAP request (call when the ZAP socket is readable)."""
+        assert self.zap_socket is not None
+        message = self.zap_socket.recv_multipart()
+        self._loop.run_until_complete(self.handle_zap_message(message))
+
+    def close(self) -> None:
+        self.stop()
+        self._loop.close()
+
+
+def start_zap(context: zmq.Context[Any], keys: dict[str, dict[bytes, bool]]) -> ZapHandler:
+    handler = ZapHandler(context)
+    handler.start()
+    install_clients(handler, keys)
+    return handler
+
+
+def read_clients(curve: CurveConfig) -> dict[str, dict[bytes, bool]]:
+    """Every client key directory the config names, read whole, by ZAP domain; raises
+    KeyDirError naming the setting and the file. All or nothing: pyzmq's own loader keeps
+    the *old* keys when a directory cannot be read, which would admit a revoked client."""
+    domains = {"authorized_clients": ZAP_DOMAIN, "admin_clients": ADMIN_DOMAIN}
+    return {domains[setting]: _read_key_dir(setting, Path(directory))
+            for setting, directory in curve.key_directories.items()}
+
+
+def _read_key_dir(setting: str, directory: Path) -> dict[bytes, bool]:
+    try:
+        files = sorted(p for p in directory.iterdir() if p.suffix == ".key")
+    except OSError as exc:
+        raise KeyDirError(f"supervisor.curve.{setting}: cannot read {directory}: "
+                          f"{exc.strerror}") from None
+    if not files:
+        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds no client "
+                          "certificate (*.key): every client would be refused")
+    if len(files) > MAX_CLIENT_KEYS:
+        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds more than "
+                          f"{MAX_CLIENT_KEYS} certificates")
+    keys: dict[bytes, bool] = {}
+    for file in files:
+        # Only small regular files are read: a FIFO, a device (/dev/zero) or a huge file
+        # would block or swamp the daemon's loop, which reads keys at start and on reload.
+        try:
+            if not file.is_file() or file.stat().st_size > MAX_KEY_FILE:
+                raise ValueError(f"not a regular file of at most {MAX_KEY_FILE} bytes")
+            public, secret = zmq.auth.load_certificate(file)
+            if secret is not None:  # whoever can read this directory could be that client
+                raise ValueError("it holds a secret key: copy the client's public .key, "
+                                 "never its .key_secret")
+            zmq.utils.z85.decode(public)  # a key that is not z85 would never match
+            if len(public) != 40:
+                raise ValueError("not a 40-character z85 CURVE key")
+        except (OSError, ValueError) as exc:
+            raise KeyDirError(f"supervisor.curve.{setting}: {file} is not a usable public "
+                              f"certificate: {exc}") from None
+        keys[public] = True
+    return keys
+
+
+def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:
+    """Replace the admitted keys, every domain at once (read them with read_clients)."""
+    handler.allow_any = False
+    handler.certs = dict(keys)
+    for domain, certs in keys.items():
+        log.info("curve_clients_loaded", domain=domain, clients=len(certs))
+
+
+def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig,
+                      domain: str = ZAP_DOMAIN) -> None:
+    """Turn CURVE on for a bound socket (call before bind)."""
+    assert curve.server_secret_key is not None
+    public, secret = zmq.auth.load_certificate(curve.server_secret_key)
+    if secret is None:
+        raise ValueError(f"{curve.server_secret_key} holds no secret key")
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+    sock.zap_domain = domain.encode()
+
+
+
+
+class UnknownGroup(Exception):
+    """A configured group that this host does not have."""
+
+
+def group_id(setting: str, group: str | None) -> int | None:
+    """The gid of a configured group (None: none configured)."""
+    if group is None:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UnknownGroup(f"supervisor.{setting}: no group named {group!r} on this "
+                           "host") from None
+
+
+def prepare_runtime_dir(path: Path, gid: int | None) -> None:
+    """Create the ipc directory, readable by owner and group only."""
+    path.mkdir(parents=True, exist_ok=True)
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o750)
+
+
+def restrict_socket(endpoint: str, gid: int | None, shared: bool = True) -> None:
+    """ipc socket files: read/write for the owner, and for the group when ``shared``;
+    nothing for others."""
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint[len("ipc://"):]
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o660 if shared else 0o600)
+
+
+class KeysExist(Exception):
+    """keygen would replace keys a fleet of clients may depend on."""
+
+
+def keygen(directory: Path, force: bool = False) -> dict[str, Path]:
+    """Server and client key pairs in the pyzmq certificate format, and an
+    authorized_clients directory holding the client's public key. Existing secret keys are
+    kept unless ``force``: a new server key cuts off every client that trusts the old one.
+    Secrets are created 0600 in a 0700 directory, never readable by others even briefly."""
+    names = ("server.key", "server.key_secret", "client.key", "client.key_secret",
+             "authorized_clients/client.key")
+    existing = [name for name in names if (directory / name).exists()]
+    if existing and not force:
+        raise KeysExist(f"{directory} already holds {', '.join(existing)}; replacing keys "
+                        "cuts off every client that trusts them. Use another directory, or "
+                        "--force to replace them")
+    previous = os.umask(0o077)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        server_public, server_secret = zmq.auth.create_certificates(str(directory), "server")
+        client_public, client_secret = zmq.auth.create_certificates(str(directory), "client")
+        authorized = directory / "authorized_clients"
+        authorized.mkdir(mode=0o700, exist_ok=True)
+        shutil.copy(client_public, authorized / "client.key")
+    finally:
+        os.umask(previous)
+    os.chmod(directory, 0o700)
+    for public in (server_public, client_public):
+        os.chmod(public, 0o644)
+    return {"server_public": Path(server_public), "server_secret": Path(server_secret),
+            "client_public": Path(client_public), "client_secret": Path(client_secret),
+            "authorized_clients": authorized}

