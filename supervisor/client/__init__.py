@@ -5,7 +5,9 @@ control endpoints. ``supervisor.aclient`` has AsyncClient and ``supervisor.testi
 a supervisor for tests.
 
 Rule: imports supervisor.shared only (and pyzmq, numpy, msgpack): ``import
-supervisor.client`` loads neither yaml, nor the config stack, nor TensorFlow.
+supervisor.client`` loads neither yaml, nor the config stack, nor TensorFlow. The one
+exception is testing.py, which writes a config file for the supervisor it starts (yaml),
+and which nothing else in the package imports.
 """
 
 from supervisor.client.client import (

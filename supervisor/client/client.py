@@ -1,6 +1,6 @@
 """Python client for tfsupervisor (no TensorFlow needed).
 
-    from supervisor.client.client import Client, JobError
+    from supervisor.client import Client, JobError
     with Client("ipc://run/frontend.sock", timeout=10) as client:
         outputs = client.infer("demo", {"features": batch})
 
@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 from zmq.backend import zmq_poll
 
+from supervisor.client.curve import make_curve_client
 from supervisor.client.errors import (
     ERRORS,
     BadRequest,
@@ -37,7 +38,6 @@ from supervisor.client.errors import (
     error_from,
 )
 from supervisor.client.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
-from supervisor.client.keys import make_curve_client
 from supervisor.shared.protocol import (
     CONTROL,
     ERROR,

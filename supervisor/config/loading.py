@@ -262,12 +262,6 @@ def _check_endpoints(sup: SupervisorSection, runtime_dir: Path) -> list[ConfigEr
     return errors
 
 
-
-
-
-
-
-
 def config_schema() -> dict[str, Any]:
     """JSON schema of config.yaml, for editors and `tfsupervisor schema`."""
     top = section_schema(RawConfig)
@@ -277,7 +271,7 @@ def config_schema() -> dict[str, Any]:
 
 
 def config_reference() -> str:
-    """docs/configuration.md, generated from the declarations above (a test keeps it so)."""
+    """docs/configuration.md, generated from the declarations in keys.py (a test keeps it so)."""
     sections = [("supervisor", SupervisorSection, "The daemon itself."),
                 ("supervisor.curve", CurveConfig, CurveConfig.__doc__ or ""),
                 ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "

@@ -3,7 +3,7 @@
 Every setting is declared once, as a dataclass field made with :func:`setting`, carrying its
 kind (type, parsing, validation, unit), default and help text. From those declarations come
 parsing with path-named errors, did-you-mean for unknown keys, the JSON schema and the docs
-table. Nothing here knows about tfsupervisor's own keys: see ``config.py``.
+table. Nothing here knows about tfsupervisor's own keys: see ``keys.py``.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class SpawnError(ValueError):
 def _choices(name: str) -> tuple[str, ...]:
     """The allowed values of a Choice setting of the supervisor section (declared there)."""
     kind = next(f for f in section_fields(SupervisorSection) if f.name == name).metadata["kind"]
-    assert isinstance(kind, Choice)  # config.py declares log_level and log_format as choices
+    assert isinstance(kind, Choice)  # keys.py declares log_level and log_format as choices
     return kind.choices
 
 

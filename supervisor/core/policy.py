@@ -268,8 +268,8 @@ def evaluate(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     assessment, per_job, per_second, vram_per_job = assess(samples, facts, policy)
     hard = _limits(assessment, facts, policy, now)
     if hard is not None:
-        action, reason, detail = hard
-        return Verdict(action, reason, detail, assessment, facts.trend_streak)
+        ruling, reason, detail = hard
+        return Verdict(ruling, reason, detail, assessment, facts.trend_streak)
     trend = _trend(assessment, per_job, per_second, vram_per_job, policy)
     if trend is None:
         return Verdict(Ruling.KEEP, None, "", assessment, 0)
@@ -303,9 +303,9 @@ def _limits(a: Assessment, facts: WorkerFacts, policy: PolicyConfig,
             now: float) -> tuple[Ruling, Reason, str] | None:
     """Hard and lifetime limits: they apply before warm-up too."""
     for reason, value, limit in over_limits(a.memory, a.vram, policy)[:1]:
-        action = Ruling.KILL if reason is Reason.KILL_MEMORY else Ruling.RECYCLE
+        ruling = Ruling.KILL if reason is Reason.KILL_MEMORY else Ruling.RECYCLE
         figure = "VRAM" if reason is Reason.MAX_VRAM else "memory"
-        return action, reason, f"{figure} {value} >= {reason.value} {limit}"
+        return ruling, reason, f"{figure} {value} >= {reason.value} {limit}"
     scale = 1.0 - facts.jitter
     if policy.max_jobs is not None and facts.jobs >= policy.max_jobs * scale:
         return Ruling.RECYCLE, Reason.MAX_JOBS, \

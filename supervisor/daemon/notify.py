@@ -4,7 +4,7 @@ Under systemd (Type=notify) the daemon says READY=1 once its workers are warm, k
 STATUS= line current, pings WATCHDOG=1 from its main loop (so a wedged loop gets the unit
 restarted), brackets reloads with RELOADING=1 / READY=1, says STOPPING=1 on shutdown and,
 while it drains, EXTEND_TIMEOUT_USEC= so that a drain longer than TimeoutStopSec is not
-killed half-way (supervisor.reporting decides how far, never past its own deadline).
+killed half-way (supervisor.daemon.reporting decides how far, never past its own deadline).
 Outside systemd every call is a no-op.
 """
 

@@ -5,7 +5,7 @@ sends ``to_wire()`` in its heartbeats; the supervisor reads it back with ``from_
 never raises and bounds everything (a broken or hostile worker may send anything: a list
 where a number belongs, NaN, a million names). Counters are cumulative over the worker's
 life; the supervisor fits their slopes per 1k jobs over the trend window (supervisor/
-diagnosis.py).
+core/diagnosis.py).
 """
 
 from __future__ import annotations
