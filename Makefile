@@ -6,7 +6,7 @@ CONFIG ?= config.yaml
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow || echo tensorflow-cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: run test lint unit bench install clean
+.PHONY: run test lint unit bench bench-peers install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,16 @@ bench: $(STAMP)
 	$(PY) -m bench.footprint $(BENCH_ARGS)
 	$(PY) -m bench.probe_cost $(BENCH_ARGS)
 	$(PY) -m bench.leak_probes $(BENCH_ARGS)
+
+# tfsupervisor side by side with mosec, LitServe and Ray Serve on the same model (installs
+# the `peers` extra into $(VENV): it leaves TensorFlow's pins alone). Results in
+# bench/results/peers.*; `make bench-peers BENCH_ARGS="--quick --rounds 1"` for a fast pass.
+$(VENV)/.installed-peers: pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e ".[$(TF_EXTRA),peers]"
+	touch $@
+
+bench-peers: $(STAMP) $(VENV)/.installed-peers
+	$(PY) -m bench.peers $(BENCH_ARGS)
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -3,10 +3,13 @@ what each process spends per job.
 
 All in the same run, sequential requests of one 1x4 float32 array: a raw REQ/REP echo
 between two Python processes (one hop, no protocol work); a bare pyzmq DEALER sending the
-frames of a real request to a ROUTER echo (the least a client can spend per call); and
+frames of a real request to a ROUTER echo (the least a client can spend per call); the
+bare-broker floor (zguide's load-balancing broker in plain Python: the same two hops each
+way as tfsupervisor, frames passed through untouched to an echoing worker); and
 tfsupervisor (the project's Client -> supervisor -> echo worker -> supervisor -> client).
 Each process's CPU (user + system, its ZeroMQ I/O thread included) is read before and after.
-Targets: p50 ratio <= 2.0, p99 <= 3.0; client CPU <= 2x the bare DEALER's.
+Targets: p50 ratio <= 2.0, p99 <= 3.0; client CPU <= 2x the bare DEALER's; p50 <= 1.25x
+the bare broker's.
 
     python -m bench.roundtrip [--jobs 3000] [--quick]
 """
@@ -45,6 +48,75 @@ sock.bind(sys.argv[1])
 while True:
     sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
 """
+
+
+# The bare-broker floor: zguide's load-balancing broker in plain Python, the same four hops as
+# tfsupervisor (client DEALER -> ROUTER | broker | ROUTER <- worker DEALER) and no protocol
+# work at all: frames pass through untouched, the worker echoes them.
+BROKER = """
+import sys, zmq
+ctx = zmq.Context()
+front, back = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+front.bind(sys.argv[1])
+back.bind(sys.argv[2])
+poller = zmq.Poller()
+poller.register(back, zmq.POLLIN)
+idle = []
+while True:
+    ready = dict(poller.poll())
+    if back in ready:
+        frames = back.recv_multipart(copy=False)
+        idle.append(frames[0].bytes)
+        if len(frames) > 2:  # a reply: [worker, client, ...]; [worker, READY] only frees it
+            front.send_multipart(frames[1:], copy=False)
+        if len(idle) == 1:
+            poller.register(front, zmq.POLLIN)
+    if front in ready and idle:
+        back.send_multipart([idle.pop(0), *front.recv_multipart(copy=False)], copy=False)
+        if not idle:
+            poller.unregister(front)
+"""
+
+BROKER_WORKER = """
+import sys, zmq
+sock = zmq.Context().socket(zmq.DEALER)
+sock.connect(sys.argv[1])
+sock.send(b"READY")
+while True:
+    sock.send_multipart(sock.recv_multipart(copy=False), copy=False)
+"""
+
+
+def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
+    """Latencies of a request's frames through the bare broker and back, and CPU per job of
+    the broker and its worker."""
+    tmp = short_tmpdir()
+    front, back = f"ipc://{tmp}/front.sock", f"ipc://{tmp}/back.sock"
+    broker = subprocess.Popen([sys.executable, "-c", BROKER, front, back])
+    worker = subprocess.Popen([sys.executable, "-c", BROKER_WORKER, back])
+    try:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(front)
+        frames = encode(request_message("echo", {"x": np.ones((1, 4), np.float32)}, 10.0))
+        for _ in range(200):
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+        procs = psutil.Process(broker.pid), psutil.Process(worker.pid)
+        before = [cpu(p) for p in procs]
+        latencies = []
+        for _ in range(jobs):
+            start = time.perf_counter()
+            sock.send_multipart(frames)
+            sock.recv_multipart()
+            latencies.append(time.perf_counter() - start)
+        spent = {"broker_us": (cpu(procs[0]) - before[0]) / jobs * 1e6,
+                 "worker_us": (cpu(procs[1]) - before[1]) / jobs * 1e6}
+        sock.close()
+        return latencies, spent
+    finally:
+        for proc in (broker, worker):
+            proc.kill()
+            proc.wait()
 
 
 def raw_echo(jobs: int) -> list[float]:
@@ -131,9 +203,14 @@ def supervised(jobs: int) -> tuple[list[float], dict[str, float]]:
 def run(jobs: int, out: Path | None = None) -> dict[str, Any]:
     raw = percentiles(raw_echo(jobs))
     bare = bare_dealer(jobs)
+    broker_latencies, broker_spent = bare_broker(jobs)
+    floor = percentiles(broker_latencies)
     latencies, spent = supervised(jobs)
     sup = percentiles(latencies)
-    result = {"jobs": jobs, "raw_pyzmq_echo": raw, "tfsupervisor": sup,
+    result = {"jobs": jobs, "raw_pyzmq_echo": raw, "bare_broker": floor, "tfsupervisor": sup,
+              "bare_broker_cpu_us_per_job": broker_spent,
+              "ratio_p50_broker": round(sup["p50_ms"] / floor["p50_ms"], 2),
+              "target_ratio_p50_broker": 1.25,
               "ratio_p50": round(sup["p50_ms"] / raw["p50_ms"], 2),
               "ratio_p99": round(sup["p99_ms"] / raw["p99_ms"], 2), "target_ratio": 2.0,
               "cpu_us_per_job": {"bare_dealer": bare, "tfsupervisor": spent},
@@ -148,10 +225,15 @@ def run(jobs: int, out: Path | None = None) -> dict[str, Any]:
          "", "", ""],
         ["bare DEALER -> ROUTER echo, a request's frames", "", "", "", us["bare_client_us"],
          "", us["bare_server_us"]],
+        ["bare Python broker (zguide lbbroker, 2 hops, no protocol work)", floor["p50_ms"],
+         floor["p99_ms"], floor["mean_ms"], "", round(broker_spent["broker_us"], 1),
+         round(broker_spent["worker_us"], 1)],
         ["tfsupervisor Client, echo worker (2 hops)", sup["p50_ms"], sup["p99_ms"],
          sup["mean_ms"], us["client_us"], us["supervisor_us"], us["worker_us"]],
-        ["ratio (targets: 2.0, 3.0; client CPU 2.0)", result["ratio_p50"],
-         result["ratio_p99"], "", result["client_cpu_ratio"], "", ""]], out,
+        ["ratio to the raw echo (targets: 2.0, 3.0; client CPU 2.0)", result["ratio_p50"],
+         result["ratio_p99"], "", result["client_cpu_ratio"], "", ""],
+        ["p50 ratio to the bare broker (target 1.25)", result["ratio_p50_broker"], "", "",
+         "", "", ""]], out,
         f"{jobs} sequential jobs each. CPU is user + system of each process, ZeroMQ I/O "
         "threads included.")
     return result

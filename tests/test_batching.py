@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.config.keys import BatchPolicy, powers_of_two
 from supervisor.config.loading import parse_config
@@ -29,6 +31,7 @@ from supervisor.shared.protocol import (
     pack_arrays,
     pack_job,
     unpack_arrays,
+    unpack_job,
 )
 from tests.conftest import Supervisor
 from worker.batch import run_batch
@@ -385,3 +388,91 @@ def test_large_batches_of_many_inputs(supervisor_factory: Any) -> None:
     client.close()
     assert sup.status()["models"]["m"]["batches"]["mean_rows"] > 4
 
+
+# --- the uniform fast path answers as the general path does --------------------------------
+
+class Model:
+    """A model with the behaviours a batch meets: doubles its input, raises on a poisoned
+    row, returns a string output or an output too short for the batch when asked."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.calls = 0
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        x = next(iter(inputs.values()))
+        if x.size and (x.reshape(len(x), -1)[:, 0] == -1).any():
+            raise ValueError("poisoned row")
+        if self.mode == "strings":
+            return {"s": np.array([str(v) for v in x.reshape(len(x), -1)[:, 0]], object),
+                    "y": x * 2}
+        if self.mode == "short":
+            return {"y": x[:1]}
+        return {"y": x * 2, "n": np.arange(len(x), dtype=np.int64)}
+
+
+def _answers(replies: list[Message]) -> list[tuple[bytes, bytes, Any]]:
+    """Replies as comparable values: id, kind, and the decoded outputs or the error."""
+    out = []
+    for reply in replies:
+        if reply.kind == RESULT:
+            arrays = unpack_arrays(reply.header["outputs"], reply.arrays)
+            body: Any = sorted((n, a.dtype.str, a.shape, a.tolist()) for n, a in arrays.items())
+        else:
+            body = (reply.header["code"], reply.header["message"])
+        out.append((reply.job_id, reply.kind, body))
+    return out
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> tuple[list[JobEntry], int, str, bool]:
+    """Mostly uniform batches (the fast path's case), with the ways a batch stops being
+    one: another row count, dtype or width, a frame cut short, a poisoned row."""
+    jobs = draw(st.integers(1, 6))
+    rows = draw(st.integers(0, 3))
+    dtype = draw(st.sampled_from(["float32", "int64", "float16"]))
+    entries = []
+    for i in range(jobs):
+        r, d, width, value = rows, dtype, 3, float(i)
+        # One job in eight breaks the batch's uniformity, one way or another.
+        change = draw(st.sampled_from(["none"] * 7 + ["rows", "dtype", "width", "poison",
+                                                       "short frame"]))
+        r = draw(st.sampled_from([1, 2])) if change == "rows" else r
+        d = "float64" if change == "dtype" else d
+        width = 2 if change == "width" else width
+        value = -1.0 if change == "poison" else value
+        specs, frames = pack_arrays({"x": np.full((r, width), value, d)})
+        if change == "short frame":
+            frames = [bytes(frames[0])[:-1]]
+        entries.append(JobEntry(f"j{i}".encode(), specs, frames))
+    pad_to = draw(st.sampled_from([0, jobs * max(rows, 1), 8]))
+    mode = draw(st.sampled_from(["double", "double", "strings", "short"]))
+    declared = draw(st.booleans())
+    return entries, pad_to, mode, declared
+
+
+@given(batches())
+def test_uniform_path_answers_exactly_as_the_general_path(
+        batch: tuple[list[JobEntry], int, str, bool]) -> None:
+    from worker.batch import _general
+
+    entries, pad_to, mode, declared = batch
+    msg = decode(encode(pack_job(entries, pad_to)), INTERNAL_HOP)  # as the worker receives it
+    specs = [TensorSpec("x", "float32", (None, 3))] if declared else None
+    fast, slow = Model(mode), Model(mode)
+    fast_replies = run_batch(Runner(fast, specs, None), msg)
+    slow_replies = _general(Runner(slow, specs, None), unpack_job(msg)[0], pad_to)
+    assert _answers(fast_replies) == _answers(slow_replies)
+    assert sorted(r.job_id for r in fast_replies) == sorted(e.id for e in entries)
+    # A failed uniform batch is isolated job by job, never run whole a second time.
+    assert fast.calls <= slow.calls
+
+
+def test_uniform_batch_runs_once_as_one_array() -> None:
+    model = Doubler()
+    parts = [{"x": np.full((1, 2), float(i), np.float32)} for i in range(5)]
+    got = outputs(run_batch(Runner(model, Doubler.inputs, None), batch_message(parts, 8)))
+    assert model.seen == [(8, 2)]
+    assert {k: v.tolist() for k, v in got.items()} == {
+        str(i).encode(): [[2.0 * i, 2.0 * i]] for i in range(5)}

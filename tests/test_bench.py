@@ -69,3 +69,32 @@ def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path) -> None:
     _written(tmp_path, "recycle_under_load")
     leak_bound.run(8.0, tmp_path, quick=True)
     assert (tmp_path / "leak_bound.png").stat().st_size > 10_000
+
+
+def test_peers_missing_package_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from bench import peers
+
+    missing = replace(peers.PEERS["mosec"], modules=("no_such_module_for_bench_peers",))
+    monkeypatch.setitem(peers.PEERS, "mosec", missing)
+    result = peers.run(1.0, 1, ["mosec"], tmp_path)  # nothing to start: no model is built
+    assert _written(tmp_path, "peers")["servers"] == {"mosec": {"status": peers.SKIPPED}}
+    assert result["ratios"] == {} and peers.SKIPPED in (tmp_path / "peers.md").read_text()
+
+
+@pytest.mark.tf
+def test_hops_and_peers_smoke(tmp_path: Path) -> None:
+    """The per-hop profile and the peers bench (tfsupervisor alone: the peers are an
+    optional extra) run end to end on the demo MLP."""
+    pytest.importorskip("tensorflow")
+    from bench import hops, peers
+
+    hops.run(1.0, 30, 1.0, tmp_path)
+    result = _written(tmp_path, "hops")
+    loaded = result["under_load"]
+    assert loaded["batches"] > 0 and loaded["failures"] == 0  # type: ignore[index]
+    assert all(v["call"] > 0 for v in result["worker_path_us"].values())  # type: ignore[union-attr]
+    ran = peers.run(1.0, 1, ["tfsupervisor"], tmp_path, warmup=0.5)
+    assert ran["servers"]["tfsupervisor"]["failures"] == 0
+    assert ran["servers"]["tfsupervisor"]["req_s_mean"] > 0

@@ -7,6 +7,7 @@ against a real daemon in test_promises_live.py.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -499,3 +500,39 @@ def test_a_failing_replacement_is_retried_by_any_reload_and_its_elder_leaves_sto
     world.exit("a-3", 0)
     assert {str(cause): n for cause, n in state.exits.items()} == \
         {"boot_failed": 1, "stopped": 2}
+
+
+def test_requests_read_together_batch_together_on_an_idle_worker() -> None:
+    """Jobs already read are one arrival: the idle worker gets them as one batch, not the
+    first alone while its mates wait for it to come back (a refusal among them is answered
+    and batches nothing)."""
+    world = World()
+    world.ready("a-1")
+    burst = [[b"r%d" % i, *valid("a", 1, 2)] for i in range(5)]
+    burst.insert(2, [b"bad", *hostile("list_dtype")])
+    world.core.requests(burst, world.now)
+    world.run()
+    [batch] = world.batches["a-1"]
+    assert len(batch.jobs) == 5
+    assert world.replies[b"bad"][0].header["code"] == "bad_request"
+    world.answer("a-1")
+    assert sorted(world.replies) == sorted([b"bad", *(b"r%d" % i for i in range(5))])
+
+
+def test_a_deadline_just_passed_still_wakes_the_loop_for_housekeeping() -> None:
+    """A wake-up landing on a queued job's deadline before housekeeping was due skipped the
+    housekeeping; the passed deadline then no longer woke the loop, and the job was answered
+    at the next memory poll (seen: 195 ms late, past the client's own wait)."""
+    world = World()
+    world.ready("a-1")
+    busy = world.request(valid("a", 1, 2))
+    late = world.request(frames_for({"model": "a", "inputs": [
+        {"name": "x", "dtype": "float32", "shape": [1, 2]}], "timeout_ms": 500}, [bytes(8)]))
+    assert world.core.queue_wake(world.now, world.now + 0.01) == world.now + 0.5
+    housekeeping = world.now + 0.5 + 0.004  # the deadline passed between two housekeepings
+    assert world.core.queue_wake(world.now + 0.5001, housekeeping) == housekeeping
+    world.tick(0.5 + 0.004)
+    assert world.code(late) == "deadline_exceeded"
+    assert world.core.queue_wake(world.now, world.now + 0.01) == math.inf
+    world.answer("a-1")
+    assert world.code(busy) == "ok"

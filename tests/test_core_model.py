@@ -310,6 +310,21 @@ class CoreMachine(RuleBasedStateMachine):
         for _ in range(burst):  # bursts make batches
             self.send_request(valid(model, rows, width))
 
+    @rule(models=st.lists(st.sampled_from(["a", "a", "b", "c"]), min_size=1, max_size=6),
+          rows=st.integers(0, 3), hostile_at=st.integers(0, 8))
+    def requests_read_together(self, models: list[str], rows: int, hostile_at: int) -> None:
+        """Messages read in one pass over the socket: admitted in order, dispatched once."""
+        messages = [valid(model, rows, 2) for model in models]
+        if hostile_at < len(messages):
+            messages[hostile_at] = hostile(HOSTILE[hostile_at % len(HOSTILE)])
+        burst = []
+        for frames in messages:
+            key = b"client-%d" % self.next_client
+            self.next_client += 1
+            self.requests.add(key)
+            burst.append([key, *frames])
+        self.event(self.core.requests, burst, self.now)
+
     @rule(kind=st.sampled_from(HOSTILE))
     def hostile_request(self, kind: str) -> None:
         self.send_request(hostile(kind))

@@ -124,6 +124,15 @@ def test_silent_worker_is_killed_but_a_busy_one_is_not(supervisor_factory: Any) 
         psutil.Process(stopped["pid"]).status() == psutil.STATUS_ZOMBIE
 
 
+def running(sup: Supervisor, model: str = "m", timeout: float = 60.0) -> None:
+    """Wait until a job of ``model`` is in a worker's hands (not merely sent): a job sent
+    after this one is queued behind it, never read in the same pass and batched with it."""
+    deadline = time.monotonic() + timeout
+    while sup.status()["models"][model]["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the blocking job never reached a worker"
+        time.sleep(0.02)
+
+
 def test_deadline_passed_in_the_queue_is_never_dispatched(supervisor_factory: Any) -> None:
     # The blocker sleeps well past the last job's deadline: on a busy machine the late
     # job must still be queued, not run, when its deadline passes.
@@ -131,7 +140,7 @@ def test_deadline_passed_in_the_queue_is_never_dispatched(supervisor_factory: An
     raw = RawClient(sup)
     try:
         blocker = raw.send(SLEEP)
-        time.sleep(0.2)
+        running(sup)
         late = raw.send(7.0, timeout_ms=300)
         fine = raw.send(8.0, timeout_ms=20_000)
         replies = raw.collect(3)
@@ -144,8 +153,8 @@ def test_deadline_passed_in_the_queue_is_never_dispatched(supervisor_factory: An
     assert sup.status()["models"]["m"]["workers"][0]["jobs"] == 2  # the late one never ran
     with sup.client() as client, pytest.raises(DeadlineExceeded):
         threading.Thread(target=lambda: Client(sup.endpoint).infer("m", job(SLEEP))).start()
-        time.sleep(0.2)
-        # 1 s leaves the supervisor 0.2 s to send its verdict before the client gives up.
+        running(sup)
+        # The client waits 10 % past its timeout for the supervisor's verdict: 0.1 s here.
         client.infer("m", job(1.0), timeout=1.0)
 
 
@@ -189,7 +198,9 @@ def test_shutdown_timeout_answers_what_remains(supervisor_factory: Any) -> None:
                               "models": {"m": markers(1, sleep=5.0)}})
     raw = RawClient(sup)
     try:
-        sent = [raw.send(SLEEP), raw.send(1.0)]
+        sent = [raw.send(SLEEP)]
+        running(sup)  # alone: sent together, the two would be read together and batched
+        sent.append(raw.send(1.0))
         time.sleep(0.3)
         started = time.monotonic()
         sup.process.send_signal(signal.SIGTERM)

@@ -138,7 +138,9 @@ def test_a_reload_removing_a_model_answers_its_queue(supervisor_factory: Any) ->
     sup = supervisor_factory(config)
     raw = RawClient(sup)
     try:
-        sent = [raw.send(-2.0)] + [raw.send(float(i)) for i in range(6)]  # one busy, 6 queued
+        sent = [raw.send(-2.0)]  # one busy (alone: jobs read together are batched together)
+        sup.wait_for(lambda s: s["models"]["m"]["in_flight"] == 1, 30, "the job running")
+        sent += [raw.send(float(i)) for i in range(6)]  # 6 queued
         sup.wait_for(lambda s: s["models"]["m"]["queued"] == 6, 30, "six queued")
         del config["models"]["m"]
         sup.config_path.write_text(yaml.safe_dump({**config, "supervisor": yaml.safe_load(

@@ -38,6 +38,7 @@ from supervisor.shared.protocol import (
     unpack_job,
 )
 from worker.runners import Runner
+from worker.uniform import BatchFailed, run_uniform
 
 Arrays = dict[str, np.ndarray]
 
@@ -56,6 +57,19 @@ def run_batch(runner: Runner, msg: Message) -> list[Message]:
     except ProtocolError as exc:
         text = f"the worker could not read the job message it was sent: {exc}"
         return [error_message(job_id, INTERNAL, text) for job_id in readable_job_ids(msg)]
+    if not entries:
+        return []
+    try:
+        uniform = run_uniform(runner, entries, pad_to, check_outputs)
+    except BatchFailed as failed:
+        return _isolate(runner, entries, failed.cause)
+    if uniform is not None:
+        return uniform
+    return _general(runner, entries, pad_to)
+
+
+def _general(runner: Runner, entries: list[JobEntry], pad_to: int) -> list[Message]:
+    """Job by job: each read and checked alone, then the readable ones run together."""
     replies: list[Message] = []
     parts: list[Part] = []
     for entry in entries:
@@ -105,10 +119,22 @@ def _run(runner: Runner, parts: list[Part], pad_to: int) -> list[Message]:
         return _call(runner, parts, pad_to)
     except Exception as exc:
         if len(parts) == 1:
-            code = BAD_REQUEST if type(exc).__name__ == "InvalidArgumentError" else INTERNAL
-            return [error_message(parts[0].job_id, code, f"model raised {_describe(exc)}")]
+            return [_model_error(parts[0].job_id, exc)]
     # The batch failed: isolate the culprit by running each job alone.
     return [reply for part in parts for reply in _run(runner, [part], pad_to=0)]
+
+
+def _isolate(runner: Runner, entries: list[JobEntry], exc: Exception) -> list[Message]:
+    """After a uniform batch failed: one job is answered with the failure; several are
+    read and run one by one, so the culprit fails alone."""
+    if len(entries) == 1:
+        return [_model_error(entries[0].id, exc)]
+    return [reply for entry in entries for reply in _general(runner, [entry], pad_to=0)]
+
+
+def _model_error(job_id: bytes, exc: Exception) -> Message:
+    code = BAD_REQUEST if type(exc).__name__ == "InvalidArgumentError" else INTERNAL
+    return error_message(job_id, code, f"model raised {_describe(exc)}")
 
 
 def _describe(exc: BaseException) -> str:

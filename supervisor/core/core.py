@@ -13,6 +13,7 @@ the two promises after each step:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from supervisor.config.keys import Config
 from supervisor.core import reload_plan as reloading
 from supervisor.core.actions import Action, Reply, SampleNow
 from supervisor.core.admission import Admission, Refusal, job_id_of
+from supervisor.core.batching import next_deadline
 from supervisor.core.history import Reading, Sample
 from supervisor.core.jobs import Job
 from supervisor.core.lifecycle import STOP_GRACE, Lifecycle
@@ -89,19 +91,38 @@ class Core:
     def request(self, frames: Sequence[Frame], now: float) -> None:
         """A message from a client (routing envelope first). Whatever it holds, it gets one
         answer: a job is admitted (and answered later) or refused here."""
+        self.requests([frames], now)
+
+    def requests(self, messages: Sequence[Sequence[Frame]], now: float) -> None:
+        """Client messages that arrived together (read in one pass over the socket): each
+        admitted or refused in order, then one dispatch per model they named. Dispatching
+        after each one sent the first job of a burst alone to an idle worker while its
+        mates, already read, waited for the next free worker: under load nearly half the
+        batches were single jobs, each paying the model's whole per-call cost."""
+        models: dict[str, None] = {}  # in order of arrival
+        for frames in messages:
+            model = self._request(frames, now)
+            if model is not None:
+                models[model] = None
+        for model in models:
+            self.dispatch(model, now)
+
+    def _request(self, frames: Sequence[Frame], now: float) -> str | None:
+        """One message admitted (its model returned) or answered at once (None)."""
         envelope, body = split_envelope(frames)
         try:
             job = self._admit(envelope, body, now)
         except Refusal as refusal:
             self._refuse(envelope, body, refusal.code, str(refusal), refusal.label)
-            return
+            return None
         except Exception as exc:  # a field nobody foresaw: still the client's problem
             log.exception("request_not_understood")
             self._refuse(envelope, body, BAD_REQUEST, f"malformed request "
                          f"({type(exc).__name__})")
-            return
+            return None
         if job is not None and self.router.submit(job):
-            self.dispatch(job.model, now)
+            return job.model
+        return None
 
     def _admit(self, envelope: list[Frame], body: list[Frame], now: float) -> Job | None:
         msg = self.admission.decode(body)
@@ -141,6 +162,30 @@ class Core:
                             "workers": state.config.workers,
                             "available": self.pool.available(name)}
         return {"models": models}
+
+    def queue_wake(self, now: float, next_housekeeping: float) -> float:
+        """When the queues next need the loop (math.inf: never): a partial batch that stops
+        waiting, or a queued job's deadline. O(models): this runs on every wake-up, so only
+        the head of each queue is looked at (the oldest job, usually the first to expire;
+        later ones are answered by the same housekeeping pass).
+
+        A batch wait already over is left to the next free worker, whose answer wakes the
+        loop (waking for it would spin while every worker is busy). A deadline already
+        passed is not: it wakes the loop at the next housekeeping, which answers it. A
+        wake-up that landed just before a housekeeping was due used to skip it, and then
+        the expired job waited for the next memory poll, up to a poll interval late."""
+        wake = math.inf
+        for model, state in self.pool.models.items():
+            queue = self.router.queues.get(model)
+            if not queue:
+                continue
+            batch_ends = next_deadline(queue, state.config.batch_policy)
+            if batch_ends is not None and batch_ends > now:
+                wake = min(wake, batch_ends)
+            expires = queue[0].deadline
+            if expires is not None:
+                wake = min(wake, max(expires, next_housekeeping))
+        return wake
 
     def dispatch(self, model: str, now: float) -> None:
         state = self.pool.models.get(model)

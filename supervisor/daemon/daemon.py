@@ -26,7 +26,7 @@ from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import load_config
 from supervisor.config.settings import ConfigErrors
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.core.batching import job_rows, next_deadline
+from supervisor.core.batching import job_rows
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
 from supervisor.daemon.control import Controller
@@ -193,7 +193,7 @@ class Daemon:
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)
                 if self.frontend in ready:
-                    self._drain(self.frontend, self._on_frontend)
+                    self._guarded("requests_failed", self._read_requests)
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
                 if self.admin in ready:
@@ -234,16 +234,7 @@ class Daemon:
         wake = min(now + MAX_SLEEP, max(self.core.next_poll, self.next_housekeeping))
         if self.reporter.notifier.watchdog_interval:
             wake = min(wake, max(self.reporter.next_watchdog, self.next_housekeeping))
-        for model, state in self.core.pool.models.items():
-            queue = self.core.router.queues.get(model)
-            if not queue:
-                continue
-            # The head is the oldest job, so usually the first to expire; later ones are
-            # answered by the next housekeeping pass. O(1): this runs on every wake-up.
-            deadlines = [next_deadline(queue, state.config.batch_policy), queue[0].deadline]
-            for deadline in deadlines:
-                if deadline is not None and deadline > now:  # past ones wait for a free
-                    wake = min(wake, deadline)  # worker, whose answer wakes the loop
+        wake = min(wake, self.core.queue_wake(now, self.next_housekeeping))
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
@@ -385,8 +376,17 @@ class Daemon:
 
     # --- sockets in ----------------------------------------------------------------------
 
-    def _on_frontend(self, frames: list[Frame]) -> None:
-        self.core.request(frames, self.clock())
+    def _read_requests(self) -> None:
+        """Every request waiting on the frontend (up to BATCH_READS), handed to the core as
+        one arrival: jobs already here batch together (see Core.requests)."""
+        burst: list[list[Frame]] = []
+        for _ in range(BATCH_READS):
+            try:
+                burst.append(recv(self.frontend, NOBLOCK))
+            except zmq.Again:
+                break
+        if burst:
+            self.core.requests(burst, self.clock())
 
     def _on_backend(self, frames: list[Frame]) -> None:
         identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
@@ -487,7 +487,8 @@ class Daemon:
         if self.core.shutdown_started is None:
             return
         with contextlib.suppress(Exception):
-            self._drain(self.frontend, self._on_frontend)
+            self._read_requests()
+            self._perform()
 
 
 def _listening(path: Path) -> bool:
