@@ -417,3 +417,23 @@ def test_a_lead_shorter_than_one_start_up_is_refused() -> None:
     for lead in (0, 1, 3.5):
         parse_config(f"defaults: {{policy: {{trend_lead: {lead}}}}}\nmodels: {{m: "
                      "{handler: 'a:b'}}", Path("/tmp/c.yaml"))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("supervisor: {start_timeout: 0}", "supervisor.start_timeout: expected at least 1s, got 0"),
+    ("supervisor: {shutdown_timeout: 0s}", "supervisor.shutdown_timeout: expected at least 1s"),
+    ("supervisor: {shutdown_timeout: 0.5}", "supervisor.shutdown_timeout: expected at least 1s"),
+    ("supervisor: {max_header_size: 0}", "supervisor.max_header_size: expected at least 128"),
+    ("supervisor: {max_message_size: 0}", "supervisor.max_message_size: expected at least "
+     "1024 bytes"),
+    ("supervisor: {max_message_size: 1000B}", "supervisor.max_message_size: expected at least"),
+    ("supervisor: {max_queue_bytes: 0}", "supervisor.max_queue_bytes: expected at least 1 byte"),
+    ("models: {m: {handler: 'a:b', policy: {drain_timeout: 0}}}",
+     "models.m.policy.drain_timeout: expected at least 1s"),
+])
+def test_values_that_could_never_serve_are_refused(text: str, message: str) -> None:
+    """0 parsed as a size or a duration, then every worker was killed at start or every
+    job refused: each bound says its floor, under the setting's path."""
+    base = "" if text.startswith("models") else MINIMAL
+    errors = "\n".join(errors_of(base + text))
+    assert message in errors

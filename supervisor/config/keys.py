@@ -50,6 +50,15 @@ INPUT_NAME = rf"^[^\x00]{{1,{MAX_NAME}}}$"
 MIN_POLL_INTERVAL = 0.05
 MAX_BATCH_TIMEOUT_MS = 60_000.0
 MAX_WORKERS = 256
+# Floors under which nothing can ever be served, though the value parses: a worker cannot
+# load, a drain or a shutdown cannot finish a job, in less than a second (0 killed every
+# worker at start, or answered every job 'timeout'); the smallest request header (one model
+# name, one array spec) is ~70 bytes and a whole request ~100; a queue of 0 bytes holds
+# nothing.
+MIN_WAIT = 1.0
+MIN_HEADER = 128
+MIN_MESSAGE = 1024
+MIN_QUEUE_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class PolicyConfig:
         Optional(Duration()), None, "A job running longer is answered 'timeout' and its "
         "worker killed (TensorFlow cannot be interrupted safely).")
     drain_timeout: float = setting(
-        Duration(), 60.0, "How long a recycled worker may take to finish its in-flight jobs "
+        Duration(MIN_WAIT), 60.0, "How long a recycled worker may take to finish its in-flight jobs "
         "before they are requeued and it is killed.")
     max_attempts: int = setting(
         Int(1), 2, "Workers a job may be sent to, every loss counted whatever its cause; a job "
@@ -381,20 +390,20 @@ class SupervisorSection:
     max_queue: int = setting(
         Int(1), 1000, "Jobs a model may hold, queued and running, before 'overloaded'.")
     max_queue_bytes: int = setting(
-        Size(), 256 * 1024**2, "Bytes of queued job arrays per model before new jobs are "
+        Size(MIN_QUEUE_BYTES), 256 * 1024**2, "Bytes of queued job arrays per model before new jobs are "
         "refused 'overloaded'; ZeroMQ's receive buffers are bounded to match (see "
         "docs/protocol.md).")
     max_message_size: int = setting(
-        Size(), 256 * 1024**2, "Largest frontend message, all frames together: a larger "
+        Size(MIN_MESSAGE), 256 * 1024**2, "Largest frontend message, all frames together: a larger "
         "one is answered 'bad_request'; a single frame larger than this is dropped by ZeroMQ "
         "unanswered.")
     heartbeat_interval: float = setting(Duration(), 1.0, "Worker heartbeat period.")
     heartbeat_timeout: float = setting(
         Duration(), 10.0, "A ready worker silent this long is hung: killed and replaced.")
     start_timeout: float = setting(
-        Duration(), 600.0, "A worker not ready after this long (loading, warm-up) is killed.")
+        Duration(MIN_WAIT), 600.0, "A worker not ready after this long (loading, warm-up) is killed.")
     shutdown_timeout: float = setting(
-        Duration(), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to finish.")
+        Duration(MIN_WAIT), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to finish.")
     min_available_memory: int | None = setting(
         Optional(Size()), None, "Host pressure: below this much available memory, the "
         "fastest-growing worker is recycled, one at a time.")
@@ -418,7 +427,7 @@ class SupervisorSection:
         Optional(Str()), None, "Group given access to the ipc sockets (mode 0660 in a 0750 "
         "directory); default: the supervisor's own group.")
     max_header_size: int = setting(
-        Size(), 64 * 1024, "Largest request header (at most 64KiB).")
+        Size(MIN_HEADER), 64 * 1024, "Largest request header (at most 64KiB).")
     max_arrays: int = setting(Int(1), 64, "Arrays per request (at most 64).")
     max_elements: int = setting(
         Int(1), 256 * 1024**2, "Elements in all arrays of one request together.")

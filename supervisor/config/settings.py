@@ -209,19 +209,32 @@ class Size(Kind):
     expected = "a size such as 512MiB, 2GB or a number of bytes"
     unit = "bytes"
 
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum  # a floor below which nothing could ever be served, say
+        if minimum:
+            self.expected = f"{self.expected}, at least {_bytes(minimum)}"
+
     def parse(self, value: object, path: str) -> int:
         try:
-            return parse_size(value)
+            size = parse_size(value)
         except ValueError as exc:  # says which rule: the forms, >= 0, finite, at most 2**63-1
             raise ConfigError(path, _with_hint(f"{exc}, got {_got(value)}", value)) from None
+        if size < self.minimum:
+            raise ConfigError(path, f"expected at least {_bytes(self.minimum)}, got "
+                              f"{_got(value)}")
+        return size
 
     def schema(self) -> dict[str, Any]:
         return {
             "oneOf": [
-                {"type": "integer", "minimum": 0, "maximum": MAX_SIZE},
+                {"type": "integer", "minimum": self.minimum, "maximum": MAX_SIZE},
                 {"type": "string", "pattern": r"^\s*[0-9.]+\s*([kKmMgGtT]i?[bB]?|[bB])?\s*$"},
             ]
         }
+
+
+def _bytes(count: int) -> str:
+    return "1 byte" if count == 1 else f"{count} bytes"
 
 
 class Duration(Kind):
