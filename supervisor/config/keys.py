@@ -111,8 +111,8 @@ class PolicyConfig:
         Optional(Duration()), None, "A job running longer is answered 'timeout' and its "
         "worker killed (TensorFlow cannot be interrupted safely).")
     drain_timeout: float = setting(
-        Duration(MIN_WAIT), 60.0, "How long a recycled worker may take to finish its in-flight jobs "
-        "before they are requeued and it is killed.")
+        Duration(MIN_WAIT), 60.0, "How long a recycled worker may take to finish its in-flight "
+        "jobs before they are requeued and it is killed.")
     max_attempts: int = setting(
         Int(1), 2, "Workers a job may be sent to, every loss counted whatever its cause; a job "
         "lost this many times is answered 'worker_crashed'.")
@@ -390,8 +390,8 @@ class SupervisorSection:
     max_queue: int = setting(
         Int(1), 1000, "Jobs a model may hold, queued and running, before 'overloaded'.")
     max_queue_bytes: int = setting(
-        Size(MIN_QUEUE_BYTES), 256 * 1024**2, "Bytes of queued job arrays per model before new jobs are "
-        "refused 'overloaded'; ZeroMQ's receive buffers are bounded to match (see "
+        Size(MIN_QUEUE_BYTES), 256 * 1024**2, "Bytes of queued job arrays per model before "
+        "new jobs are refused 'overloaded'; ZeroMQ's receive buffers are bounded to match (see "
         "docs/protocol.md).")
     max_message_size: int = setting(
         Size(MIN_MESSAGE), 256 * 1024**2, "Largest frontend message, all frames together: a larger "
@@ -401,9 +401,11 @@ class SupervisorSection:
     heartbeat_timeout: float = setting(
         Duration(), 10.0, "A ready worker silent this long is hung: killed and replaced.")
     start_timeout: float = setting(
-        Duration(MIN_WAIT), 600.0, "A worker not ready after this long (loading, warm-up) is killed.")
+        Duration(MIN_WAIT), 600.0, "A worker not ready after this long (loading, warm-up) is "
+        "killed.")
     shutdown_timeout: float = setting(
-        Duration(MIN_WAIT), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to finish.")
+        Duration(MIN_WAIT), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to "
+        "finish.")
     min_available_memory: int | None = setting(
         Optional(Size()), None, "Host pressure: below this much available memory, the "
         "fastest-growing worker is recycled, one at a time.")
