@@ -536,3 +536,13 @@ def test_a_deadline_just_passed_still_wakes_the_loop_for_housekeeping() -> None:
     assert world.core.queue_wake(world.now, world.now + 0.01) == math.inf
     world.answer("a-1")
     assert world.code(busy) == "ok"
+
+
+def test_a_job_id_over_the_limit_is_refused_under_its_first_64_bytes() -> None:
+    world = World()
+    frames = valid("a", 1, 2)
+    frames[2] = b"j" * 64 + b"tail" * 1000  # version, kind, job id, header, arrays
+    key = world.request(frames)
+    [reply] = world.replies[key]
+    assert reply.header["code"] == "bad_request" and "job id" in reply.header["message"]
+    assert reply.job_id == b"j" * 64

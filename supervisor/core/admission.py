@@ -48,7 +48,7 @@ from supervisor.shared.protocol import (
     check_specs,
     concrete_shape,
     decode,
-    frame_bytes,
+    frame_head,
     frame_length,
     parse_specs,
 )
@@ -208,11 +208,11 @@ def _deadline(timeout_ms: object, now: float) -> float | None:
 
 
 def job_id_of(body: list[Frame]) -> bytes:
-    """The client's job id, when one can be told apart: a reply to garbage is harmless."""
+    """The client's job id for a refusal, when there is a frame for it: an id over the limit
+    is cut to its first MAX_JOB_ID bytes (docs/protocol.md), so a client that keys its jobs
+    by id prefix can still tell which job was refused; a reply to garbage is harmless."""
     if len(body) >= 3:
-        raw = frame_bytes(body[2])
-        if len(raw) <= MAX_JOB_ID:
-            return raw
+        return frame_head(body[2], MAX_JOB_ID)
     return b""
 
 

@@ -220,6 +220,12 @@ def frame_bytes(frame: Frame) -> bytes:
     return frame.bytes if isinstance(frame, zmq.Frame) else bytes(frame)
 
 
+def frame_head(frame: Frame, size: int) -> bytes:
+    """The first ``size`` bytes of a frame, without copying the rest (a hostile frame may be
+    as large as the message limit)."""
+    return bytes(_buffer(frame)[:size])
+
+
 def _small(frame: Frame, limit: int, what: str) -> bytes:
     data = frame_bytes(frame)
     if len(data) > limit:
