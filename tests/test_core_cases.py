@@ -546,3 +546,23 @@ def test_a_job_id_over_the_limit_is_refused_under_its_first_64_bytes() -> None:
     [reply] = world.replies[key]
     assert reply.header["code"] == "bad_request" and "job id" in reply.header["message"]
     assert reply.job_id == b"j" * 64
+
+
+def test_a_start_timeout_backs_off_before_the_next_spawn_and_says_so() -> None:
+    """The killed worker's slot is free at once: the next worker waited for nothing, while
+    the event announced a back-off; and its exit read 'signal SIGKILL' (the OOM killer's
+    usual mark) instead of the start timeout."""
+    world = World(BASE.replace("  max_message_size: 2048", "  max_message_size: 2048\n"
+                               "  start_timeout: 30s"))
+    spawned = len(world.memory)
+    world.tick(31.0)
+    [(worker, reason)] = world.killed
+    assert reason is Reason.START_TIMEOUT
+    world.tick(0.5)
+    assert len(world.memory) == spawned  # backing off (1 s after a first failure)
+    world.exit(worker, -9)
+    state = world.core.pool.models["a"]
+    assert "start_timeout (30s)" in str(state.last_error) and state.failures == 1
+    assert len(world.memory) == spawned
+    world.tick(0.6)
+    assert len(world.memory) == spawned + 1  # after the back-off, one more try

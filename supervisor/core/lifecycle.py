@@ -107,6 +107,21 @@ class Lifecycle:
         self.pool.count_exit(worker, cause, code, now)
         self._log_exit(worker, code, now, asked, cause)
 
+    def _start_timed_out(self, worker: WorkerHandle, limit: float, now: float) -> None:
+        """STARTING -> STOPPING (killed): a boot failure, counted now, not when the kill is
+        reaped: the model backs off at once, so no replacement is spawned before the back-off
+        the event announces (its slot is free as soon as this worker is killed)."""
+        state = self.pool.models[worker.model]
+        error = f"worker {worker.id} was not ready within start_timeout ({limit:g}s): killed"
+        was_available = not state.unavailable
+        delay = self.pool.failed_to_serve(state, now, error)
+        log.error("worker_start_timeout", model=worker.model, worker=worker.id, pid=worker.pid,
+                  seconds=round(now - worker.started_at, 1), start_timeout=limit,
+                  retry_in_seconds=delay)
+        if was_available and not self.pool.ready(worker.model):
+            log.error("model_unavailable", model=worker.model, error=error)
+        self.kill(worker, Reason.START_TIMEOUT, now)
+
     def _lose_jobs(self, worker: WorkerHandle, why: str, cause: Reason) -> None:
         if not self.router.held_by(worker.id):
             return
@@ -130,9 +145,14 @@ class Lifecycle:
         if worker.ready_at is None and not asked:
             was_available = not state.unavailable
             told = code in (WorkerExit.LOAD_ERROR, WorkerExit.SPAWN_FAILED)
-            error = state.last_error if told and state.last_error \
-                else f"worker {worker.id} exited before ready: {describe_exit(code)}"
-            delay = self.pool.failed_to_serve(state, now, error)
+            if worker.reason is Reason.START_TIMEOUT and state.last_error:
+                # Counted when it was killed (_start_timed_out): the kill, not SIGKILL's
+                # usual meaning (the OOM killer), is why it exited.
+                error, delay = state.last_error, max(0.0, state.backoff_until - now)
+            else:
+                error = state.last_error if told and state.last_error \
+                    else f"worker {worker.id} exited before ready: {describe_exit(code)}"
+                delay = self.pool.failed_to_serve(state, now, error)
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay, error=error)
             if was_available and not self.pool.ready(worker.model):
                 log.error("model_unavailable", model=worker.model, error=error)
@@ -150,9 +170,7 @@ class Lifecycle:
         sup = self.pool.config.supervisor
         for worker in list(self.pool.workers.values()):
             if worker.state is State.STARTING and now - worker.started_at > sup.start_timeout:
-                log.error("worker_start_timeout", model=worker.model, worker=worker.id,
-                          pid=worker.pid, seconds=round(now - worker.started_at, 1))
-                self.kill(worker, Reason.START_TIMEOUT, now)
+                self._start_timed_out(worker, sup.start_timeout, now)
             elif worker.state in (State.READY, State.DRAINING) and \
                     now - worker.last_heartbeat > worker.heartbeat_timeout:
                 log.error("worker_hung", model=worker.model, worker=worker.id, pid=worker.pid,
