@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ class MLP(Worker):
 if __name__ == "__main__":
     server = Server()
     server.append_worker(MLP, num=2, max_batch_size=32,
-                         max_wait_time=int(os.environ["PEERS_WAIT_MS"]))
+                         max_wait_time=int(float(os.environ["PEERS_WAIT_MS"])))
     server.run()
 '''
 
@@ -160,7 +160,7 @@ class MLP(ls.LitAPI):
 
 
 if __name__ == "__main__":
-    api = MLP(max_batch_size=32, batch_timeout=int(os.environ["PEERS_WAIT_MS"]) / 1000)
+    api = MLP(max_batch_size=32, batch_timeout=float(os.environ["PEERS_WAIT_MS"]) / 1000)
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=2, timeout=60,
                           fast_queue=True)
     server.run(host="127.0.0.1", port=int(os.environ["PEERS_PORT"]), log_level="warning",
@@ -180,7 +180,7 @@ class MLP:
         self.call = load_model()
 
     @serve.batch(max_batch_size=32,
-                 batch_wait_timeout_s=int(os.environ["PEERS_WAIT_MS"]) / 1000)
+                 batch_wait_timeout_s=float(os.environ["PEERS_WAIT_MS"]) / 1000)
     async def infer(self, rows):
         x = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), -1)
         return [row.tobytes() for row in self.call(x)]
@@ -222,6 +222,27 @@ class Peer:
     args: tuple[str, ...] = ()  # the script's arguments; {port} is substituted
     path: str = "/"  # HTTP route
     body: str = "raw"  # "raw": float32 bytes in and out; "json": {"features": [...]}
+    wait_ms: float | None = None  # its batch wait; None: the run's --wait-ms
+
+
+def variant(spec: str) -> Peer:
+    """``NAME@MS``: server NAME again with its own batch wait of MS milliseconds (each
+    server at the wait it does best with, beside the common one), registered in PEERS."""
+    name, _, ms = spec.partition("@")
+    if name not in PEERS or not ms:
+        raise ValueError(f"--also takes NAME@MS with NAME one of {', '.join(PEERS)}: {spec!r}")
+    wait = float(ms)
+    base = PEERS[name]
+    peer = replace(base, name=f"{name}@{wait:g}ms", label=f"{base.label}, wait {wait:g} ms",
+                   wait_ms=wait)
+    PEERS[peer.name] = peer
+    return peer
+
+
+def wait_of(peer: Peer) -> float:
+    if peer.wait_ms is not None:
+        return peer.wait_ms
+    return 0.0 if peer.name.endswith("-nowait") else float(MAX_WAIT_MS)
 
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
@@ -315,7 +336,7 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
 def start_tfsupervisor(peer: Peer, model: Path) -> Running:
     """tfsupervisor with the peers' batch wait, or (``-nowait``) with its default of none."""
     config = supervisor_config(model, batching=True)
-    wait = 0.0 if peer.name.endswith("-nowait") else float(MAX_WAIT_MS)
+    wait = wait_of(peer)
     config["models"]["mlp"]["batching"]["batch_timeout_ms"] = wait
     sup: Supervisor = start_supervisor(config)
 
@@ -343,7 +364,7 @@ def start_script(peer: Peer, model: Path, workdir: Path) -> Running:
     port = free_port()
     log = workdir / f"{peer.name}.log"
     env = {**os.environ, "PEERS_MODEL": str(model), "PEERS_PORT": str(port),
-           "PEERS_WAIT_MS": str(MAX_WAIT_MS), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PEERS_WAIT_MS": f"{wait_of(peer):g}", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     args = [a.format(port=port) for a in peer.args]
     with open(log, "ab") as out:
@@ -705,8 +726,17 @@ def main() -> None:
                         help="how long every server may wait to fill a batch (mosec's "
                         "max_wait_time, LitServe's batch_timeout, Ray's batch_wait_timeout_s, "
                         "tfsupervisor's batch_timeout_ms; tfsupervisor-nowait uses 0)")
+    parser.add_argument("--also", type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+                        default=[], help="NAME@MS,...: run server NAME again with its own "
+                        "batch wait (e.g. mosec@1: each server at the wait it does best with)")
     args = parser.parse_args()
     MAX_WAIT_MS = args.wait_ms
+    try:
+        extra = [variant(spec).name for spec in args.also]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if extra:
+        args.only = [*(args.only or [p for p in PEERS if p not in extra]), *extra]
     unknown = set(args.only or ()) - set(PEERS)
     if unknown:
         parser.error(f"unknown server(s) {', '.join(sorted(unknown))}; "

@@ -447,3 +447,21 @@ def test_a_control_call_to_a_missing_ipc_socket_fails_at_once(workdir: Path) -> 
     assert time.monotonic() - started < 25  # not the whole timeout
     out = _cli("reload", "-c", str(workdir / "config.yaml"), "--wait", "nan")
     assert out.returncode == 2 and "expected a finite number of seconds >= 0" in out.stderr
+
+
+def test_a_fifo_in_place_of_the_config_is_refused_at_once(supervisor_factory: Any) -> None:
+    """Opening a FIFO for reading waits for a writer: a reload that read one froze the
+    daemon (no job, no status answered) and `reload -c` hung past its --timeout."""
+    sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    sup.config_path.unlink()
+    os.mkfifo(sup.config_path)
+    started = time.monotonic()
+    out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint,
+               "--timeout", "20")
+    assert out.returncode == 1 and "FIFO" in out.stderr, out.stderr
+    with Client(sup.endpoint, timeout=10) as client:
+        assert client.infer("m", X)["x"].shape == (1, 4)
+    assert time.monotonic() - started < 15
+    assert '"event": "config_rejected"' in sup.log() and "FIFO" in sup.log()
+    out = _cli("check", "-c", str(sup.config_path))
+    assert out.returncode == 1 and "a config must be a regular file" in out.stderr

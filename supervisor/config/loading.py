@@ -5,8 +5,10 @@ and substitute endpoints; and the endpoints the CLI needs from a file that no lo
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +45,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     nothing else, whatever the file holds)."""
     file = Path(path)
     try:
-        with file.open("rb") as stream:
-            data = stream.read(MAX_CONFIG_BYTES + 1)
+        data = _read_regular(file)
     except OSError as exc:
         raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
     if len(data) > MAX_CONFIG_BYTES:
@@ -56,6 +57,23 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigErrors([ConfigError("", f"{file} is not UTF-8 text: byte "
                                         f"{data[exc.start]:#04x} at offset {exc.start}")]) from None
     return parse_config(text, file)
+
+
+def _read_regular(file: Path) -> bytes:
+    """At most MAX_CONFIG_BYTES + 1 bytes of a regular file. Opened without blocking and
+    refused unless regular: opening a FIFO for reading waits for a writer, and a reload
+    that read one froze the daemon's loop (a device or socket is no config either)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else \
+                "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"it is {kind}; a config must be a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            return stream.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def parse_config(text: str, file: Path | None = None) -> Config:
@@ -176,7 +194,7 @@ def _supervisor_section(file: Path) -> dict[str, Any]:
     """The file's `supervisor` mapping, best effort: YAML first; a file that is not YAML
     any more (a bad edit elsewhere) is searched line by line for the keys that matter."""
     try:
-        text = file.read_bytes()[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
+        text = _read_regular(file)[:MAX_CONFIG_BYTES].decode("utf-8", "replace")
     except OSError:
         return {}
     try:
