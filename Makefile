@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) -m bench.footprint $(BENCH_ARGS)
 	$(PY) -m bench.probe_cost $(BENCH_ARGS)
 	$(PY) -m bench.leak_probes $(BENCH_ARGS)
+	$(PY) -m bench.hops $(BENCH_ARGS)
 
 # tfsupervisor side by side with mosec, LitServe and Ray Serve on the same model (installs
 # the `peers` extra into $(VENV): it leaves TensorFlow's pins alone). Results in
@@ -56,7 +57,7 @@ $(VENV)/.installed-peers: pyproject.toml | $(STAMP)
 	touch $@
 
 bench-peers: $(STAMP) $(VENV)/.installed-peers
-	$(PY) -m bench.peers $(BENCH_ARGS)
+	$(PY) -m bench.peers --also mosec@1 $(BENCH_ARGS)
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

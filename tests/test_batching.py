@@ -409,6 +409,11 @@ class Model:
                     "y": x * 2}
         if self.mode == "short":
             return {"y": x[:1]}
+        if self.mode == "in place":  # a handler that scales its input where it lies
+            x *= 2
+            return {"y": x}
+        if self.mode == "empty":  # no detections: a dimension of 0
+            return {"boxes": np.zeros((len(x), 0, 4), np.float32), "y": x}
         return {"y": x * 2, "n": np.arange(len(x), dtype=np.int64)}
 
 
@@ -432,22 +437,24 @@ def batches(draw: st.DrawFn) -> tuple[list[JobEntry], int, str, bool]:
     jobs = draw(st.integers(1, 6))
     rows = draw(st.integers(0, 3))
     dtype = draw(st.sampled_from(["float32", "int64", "float16"]))
+    base_width = draw(st.sampled_from([3, 3, 0]))
     entries = []
     for i in range(jobs):
-        r, d, width, value = rows, dtype, 3, float(i)
+        r, d, width, value = rows, dtype, base_width, float(i)
         # One job in eight breaks the batch's uniformity, one way or another.
         change = draw(st.sampled_from(["none"] * 7 + ["rows", "dtype", "width", "poison",
                                                        "short frame"]))
         r = draw(st.sampled_from([1, 2])) if change == "rows" else r
         d = "float64" if change == "dtype" else d
-        width = 2 if change == "width" else width
+        width = draw(st.sampled_from([2, 0])) if change == "width" else width
         value = -1.0 if change == "poison" else value
         specs, frames = pack_arrays({"x": np.full((r, width), value, d)})
         if change == "short frame":
             frames = [bytes(frames[0])[:-1]]
         entries.append(JobEntry(f"j{i}".encode(), specs, frames))
     pad_to = draw(st.sampled_from([0, jobs * max(rows, 1), 8]))
-    mode = draw(st.sampled_from(["double", "double", "strings", "short"]))
+    mode = draw(st.sampled_from(["double", "double", "strings", "short", "in place",
+                                 "empty"]))
     declared = draw(st.booleans())
     return entries, pad_to, mode, declared
 

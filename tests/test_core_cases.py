@@ -566,3 +566,41 @@ def test_a_start_timeout_backs_off_before_the_next_spawn_and_says_so() -> None:
     assert len(world.memory) == spawned
     world.tick(0.6)
     assert len(world.memory) == spawned + 1  # after the back-off, one more try
+
+
+def test_a_batch_past_job_timeout_answers_one_job_and_requeues_its_mates() -> None:
+    """The overdue list was taken before the kill: every batch mate, requeued by the kill,
+    was then answered 'timeout' too (a whole burst, now that bursts batch together)."""
+    world = World(BASE.replace("max_attempts: 2}", "max_attempts: 2, job_timeout: 5s}"))
+    world.ready("a-1")
+    keys = [[b"t%d" % i, *valid("a", 1, 2)] for i in range(3)]
+    world.core.requests(keys, world.now)
+    world.run()
+    assert len(world.batches["a-1"][0].jobs) == 3
+    world.tick(6.0)
+    answered = [k[0] for k in keys if k[0] in world.replies]
+    assert len(answered) == 1 and world.code(answered[0]) == "timeout"
+    assert [w for w, _ in world.killed] == ["a-1"]
+    world.exit("a-1", -9)
+    world.tick(0.1)
+    [replacement] = [w for w in world.memory if w != "a-1"]
+    world.ready(replacement)
+    while world.batches.get(replacement):
+        world.answer(replacement)
+    assert sorted(world.code(k[0]) for k in keys) == ["ok", "ok", "timeout"]
+
+
+def test_a_short_deadline_behind_a_long_one_wakes_the_loop_in_time() -> None:
+    """Only the head's deadline woke the loop: a job queued behind one without a deadline (or
+    a longer one) was answered up to MAX_SLEEP late."""
+    world = World()
+    world.ready("a-1")
+    world.request(valid("a", 1, 2))  # runs
+    world.request(valid("a", 1, 2))  # queued, no deadline
+    spec = [{"name": "x", "dtype": "float32", "shape": [1, 2]}]
+    short = world.request(frames_for({"model": "a", "inputs": spec, "timeout_ms": 100},
+                                     [bytes(8)]))
+    assert world.core.queue_wake(world.now, world.now + 0.01) == world.now + 0.1
+    world.tick(0.1)
+    assert world.code(short) == "deadline_exceeded"
+    assert world.core.queue_wake(world.now, world.now + 0.01) == math.inf

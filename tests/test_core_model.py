@@ -550,6 +550,16 @@ class CoreMachine(RuleBasedStateMachine):
             assert sizes.get(model, 0) <= MAX_QUEUE_BYTES
 
     @invariant()
+    def the_earliest_deadline_is_known_without_a_scan(self) -> None:
+        """Expiries names the earliest deadline of any queued job (not just the head's), and
+        stays bounded however many jobs pass through (by the queue's own bound)."""
+        router = self.core.router
+        for model, queue in router.queues.items():
+            deadlines = [j.deadline for j in queue if j.deadline is not None]
+            assert router.expiries.earliest(model) == (min(deadlines) if deadlines else None)
+            assert len(router.expiries.heaps.get(model, [])) <= 2 * router.max_queue + 17
+
+    @invariant()
     def told_to_go_means_out_of_rotation(self) -> None:
         for worker in self.core.pool.workers.values():
             sim = self.world[worker.id]

@@ -277,7 +277,9 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
     """Clients submit continuously while workers are SIGKILLed at random, a recycle and a
     reload happen: every job gets exactly one reply, and none is lost."""
     sup = supervisor_factory({"models": {"m": {
-        "handler": "worker.handlers:echo", "workers": 3, "options": {"delay": 0.02},
+        # 0.2 s a batch: each client's 8 jobs are read together and run as one batch, so a
+        # short call left the workers idle most of the time and a kill could miss them all.
+        "handler": "worker.handlers:echo", "workers": 3, "options": {"delay": 0.2},
         "policy": {"max_attempts": 5, "max_concurrent_recycles": 2}}}})
     stop = threading.Event()
     results: list[str] = []
@@ -319,7 +321,7 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
                                 str(sup.config_path), "m"], check=True, timeout=30)
             if round_ == 4:
                 m = yaml.safe_load(sup.config_path.read_text())["models"]["m"]
-                m["options"]["delay"] = 0.01
+                m["options"]["delay"] = 0.1
                 _write(sup, {"m": m})
                 os.kill(sup.process.pid, signal.SIGHUP)
         time.sleep(1.0)
@@ -327,7 +329,7 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
         stop.set()
         for t in threads:
             t.join(90)
-    assert len(results) > 200
+    assert len(results) > 100
     assert set(results) == {"ok"}, {r: results.count(r) for r in set(results)}
     log = sup.log()
     assert '"event": "config_reloaded"' in log and '"event": "jobs_requeued"' in log

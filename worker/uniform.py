@@ -60,7 +60,10 @@ def run_uniform(runner: Runner, entries: list[JobEntry], pad_to: int,
     """Every job's RESULT; None when the batch is not uniform (nothing was run); BatchFailed
     when the call failed. ``check``: worker.batch's output check, applied as the general
     path applies it."""
-    joined = _joined(runner, entries, pad_to)
+    try:
+        joined = _joined(runner, entries, pad_to)
+    except Exception:  # MemoryError, say: the general path answers each job with its error
+        return None
     if joined is None:
         return None
     arrays, each = joined
@@ -96,8 +99,9 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
         frames = [e.arrays[index] for e in entries]
         if any(len(f) != size for f in frames):
             return None
-        # zmq.Frame is a buffer (its typing stub does not say so): joined and viewed as is.
-        data = frames[0] if len(frames) == 1 else b"".join(frames)  # type: ignore[arg-type]
+        # zmq.Frame is a buffer (its typing stub does not say so). Joined into a bytearray:
+        # the handler gets a writable array, as the general path's concatenation gives it.
+        data = frames[0] if len(frames) == 1 else bytearray().join(frames)  # type: ignore[arg-type]
         array = np.frombuffer(data, dtype=dtype)  # type: ignore[arg-type]
         array = array.reshape(len(frames) * rows, *spec.shape[1:])
         arrays[spec.name] = _padded(array, pad_to)
@@ -126,13 +130,16 @@ def _split(entries: list[JobEntry], outputs: Arrays, each: int) -> list[Message]
     pieces: list[list[Any]] = []
     for name, value in outputs.items():
         array = np.ascontiguousarray(value[:rows], dtype=value.dtype.newbyteorder("<"))
+        specs.append({"name": name, "dtype": array.dtype.name,
+                      "shape": [each, *array.shape[1:]]})
         step = array.nbytes // rows * each
+        if step == 0:  # an output with a dimension of 0 (no detections, say)
+            pieces.append([b""] * len(entries))
+            continue
         # Slices of a memoryview share the array (no copy) where pyzmq sends without one.
         data: Any = (array.reshape(-1).view(np.uint8).data if step >= ZERO_COPY_MIN
                      else array.tobytes())
         pieces.append([data[i:i + step] for i in range(0, step * len(entries), step)])
-        specs.append({"name": name, "dtype": array.dtype.name,
-                      "shape": [each, *array.shape[1:]]})
     header = {"outputs": specs}
     return [Message(RESULT, entry.id, header, [piece[i] for piece in pieces])
             for i, entry in enumerate(entries)]

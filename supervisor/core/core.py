@@ -165,9 +165,8 @@ class Core:
 
     def queue_wake(self, now: float, next_housekeeping: float) -> float:
         """When the queues next need the loop (math.inf: never): a partial batch that stops
-        waiting, or a queued job's deadline. O(models): this runs on every wake-up, so only
-        the head of each queue is looked at (the oldest job, usually the first to expire;
-        later ones are answered by the same housekeeping pass).
+        waiting, or a queued job's deadline, the earliest of any queued job's (Expiries:
+        this runs on every wake-up, so no queue is scanned).
 
         A batch wait already over is left to the next free worker, whose answer wakes the
         loop (waking for it would spin while every worker is busy). A deadline already
@@ -182,7 +181,7 @@ class Core:
             batch_ends = next_deadline(queue, state.config.batch_policy)
             if batch_ends is not None and batch_ends > now:
                 wake = min(wake, batch_ends)
-            expires = queue[0].deadline
+            expires = self.router.expiries.earliest(model)
             if expires is not None:
                 wake = min(wake, max(expires, next_housekeeping))
         return wake
@@ -342,7 +341,12 @@ class Core:
         timeouts = {name: s.config.policy.job_timeout for name, s in self.pool.models.items()
                     if s.config.policy.job_timeout is not None}
         for job in self.router.overdue(now, timeouts):
-            worker = self.pool.workers.get(job.worker or "")
+            if job.worker is None or not self.router.holds(job.worker, job):
+                # A batch mate was answered 'timeout' and their worker killed: the kill
+                # requeued this job (or failed it for its tries), as documented; it must not
+                # be answered 'timeout' too (the list was taken before the kill).
+                continue
+            worker = self.pool.workers.get(job.worker)
             self.router.fail(job, TIMEOUT, f"the job ran longer than job_timeout "
                              f"({timeouts[job.model]:g}s); its worker was killed")
             if worker is not None:

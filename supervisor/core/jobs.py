@@ -29,6 +29,7 @@ class Job:
     dispatched_at: float | None = None
     lost_on: list[str] = field(default_factory=list)  # workers lost while holding it
     solo: bool = False  # was in a batch whose worker died: never batched again
+    answered: bool = False  # set by Router.answer, the one exit: no longer anywhere
     # What a batch mate must match (supervisor/shared/padding.py: padded axes at their bucket);
     # None: the plain layout (names, dtypes, shapes past the batch dimension).
     key: tuple[Any, ...] | None = None

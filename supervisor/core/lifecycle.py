@@ -112,7 +112,7 @@ class Lifecycle:
         reaped: the model backs off at once, so no replacement is spawned before the back-off
         the event announces (its slot is free as soon as this worker is killed)."""
         state = self.pool.models[worker.model]
-        error = f"worker {worker.id} was not ready within start_timeout ({limit:g}s): killed"
+        error = _start_timeout_error(worker, limit)
         was_available = not state.unavailable
         delay = self.pool.failed_to_serve(state, now, error)
         log.error("worker_start_timeout", model=worker.model, worker=worker.id, pid=worker.pid,
@@ -145,10 +145,11 @@ class Lifecycle:
         if worker.ready_at is None and not asked:
             was_available = not state.unavailable
             told = code in (WorkerExit.LOAD_ERROR, WorkerExit.SPAWN_FAILED)
-            if worker.reason is Reason.START_TIMEOUT and state.last_error:
+            if worker.reason is Reason.START_TIMEOUT:
                 # Counted when it was killed (_start_timed_out): the kill, not SIGKILL's
                 # usual meaning (the OOM killer), is why it exited.
-                error, delay = state.last_error, max(0.0, state.backoff_until - now)
+                error = _start_timeout_error(worker, self.pool.config.supervisor.start_timeout)
+                delay = max(0.0, state.backoff_until - now)
             else:
                 error = state.last_error if told and state.last_error \
                     else f"worker {worker.id} exited before ready: {describe_exit(code)}"
@@ -254,3 +255,7 @@ def _leave(worker: WorkerHandle, reason: Reason) -> None:
         worker.reason = reason
     else:
         worker.reason = worker.reason or reason
+
+
+def _start_timeout_error(worker: WorkerHandle, limit: float) -> str:
+    return f"worker {worker.id} was not ready within start_timeout ({limit:g}s): killed"

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from supervisor.config.keys import BatchPolicy
 from supervisor.core.actions import Action, Reply, SendBatch
 from supervisor.core.batching import job_rows, take_batch
+from supervisor.core.expiries import Expiries
 from supervisor.core.jobs import Job
 from supervisor.shared.protocol import (
     DEADLINE_EXCEEDED,
@@ -41,6 +42,7 @@ class Router:
         self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
         self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
         self.pending_bytes: dict[str, int] = {}
+        self.expiries = Expiries()  # the earliest deadline of each model's queued jobs
 
     # --- queries -------------------------------------------------------------------------
 
@@ -64,6 +66,7 @@ class Router:
         no longer here (answered already) is never answered twice."""
         if not self._release(job):
             return
+        job.answered = True
         self.pending_jobs[job.model] -= 1
         self.pending_bytes[job.model] -= job.nbytes
         self.outbox.append(Reply(job.envelope, msg, job, job.model))
@@ -86,7 +89,9 @@ class Router:
             self.outbox.append(Reply(job.envelope, error_message(job.client_job_id, OVERLOADED,
                                                                  message), None, job.model))
             return False
-        self.queues.setdefault(job.model, deque()).append(job)
+        queue = self.queues.setdefault(job.model, deque())
+        queue.append(job)
+        self.expiries.add(job, queue)
         self.pending_jobs[job.model] = jobs + 1
         self.pending_bytes[job.model] = size + job.nbytes
         return True
@@ -116,6 +121,10 @@ class Router:
             self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now))
             sent += len(batch)
         return sent
+
+    def holds(self, worker_id: str, job: Job) -> bool:
+        """Whether ``job`` is still in that worker's hands (not requeued, not answered)."""
+        return self.held.get(worker_id, {}).get(job.id) is job
 
     def complete(self, job_id: int, worker_id: str) -> Job | None:
         """The in-flight job a worker answered, or None if it is no longer that worker's
@@ -153,13 +162,15 @@ class Router:
             job.worker = job.dispatched_at = None
             job.lost_on.append(worker_id)
             job.solo = job.solo or suspect
-            self.queues.setdefault(job.model, deque()).appendleft(job)
+            queue = self.queues.setdefault(job.model, deque())
+            queue.appendleft(job)
             if job.attempts >= max_attempts:
                 tried = ", ".join(job.lost_on[-8:])
                 self.fail(job, WORKER_CRASHED, f"{why}; the job was sent to {job.attempts} "
                           f"worker(s) ({tried}), each lost — {note}; not retried again")
                 failed += 1
             else:
+                self.expiries.add(job, queue)
                 requeued += 1
         return requeued, failed
 
