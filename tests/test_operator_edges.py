@@ -324,6 +324,11 @@ def test_a_runtime_dir_that_cannot_be_created_is_one_clear_error(workdir: Path) 
     out = _run(workdir, {"supervisor": {"runtime_dir": str(workdir / "file" / "run")},
                          "models": {"m": echo_model(1)}})
     assert "runtime dir" in _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+    # The runtime dir itself a file: named as `check` names it, not mkdir's "File exists".
+    out = _run(workdir, {"supervisor": {"runtime_dir": str(workdir / "file")},
+                         "models": {"m": echo_model(1)}})
+    error = _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+    assert f"is not a directory ({workdir / 'file'})" in error and "File exists" not in error
 
 
 def test_a_config_that_cannot_be_used_is_one_json_event(workdir: Path) -> None:

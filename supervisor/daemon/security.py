@@ -7,6 +7,7 @@ like the others, and every denied handshake is one log event.
 from __future__ import annotations
 
 import asyncio
+import errno
 import grp
 import os
 import shutil
@@ -155,7 +156,14 @@ def group_id(setting: str, group: str | None) -> int | None:
 
 
 def prepare_runtime_dir(path: Path, gid: int | None) -> None:
-    """Create the ipc directory, readable by owner and group only."""
+    """Create the ipc directory, readable by owner and group only. A file where the
+    directory (or one of its parents) should be is named as `check` names it: mkdir's own
+    "File exists" sent the operator looking for a directory that was not there."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is not a directory", str(existing))
     path.mkdir(parents=True, exist_ok=True)
     if gid is not None:
         os.chown(path, -1, gid)
