@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zmq
 import zmq.auth
 
 from supervisor.aclient import AsyncClient
@@ -268,3 +269,37 @@ def test_a_peer_without_the_spawn_secret_is_not_a_worker(supervisor_factory: Any
     assert seen["id"] == worker["id"] and seen["tf_memory"] != fake
     with sup.client(timeout=30) as client:
         assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0
+
+
+def test_a_certificate_that_is_no_regular_file_is_refused_without_blocking(
+        tmp_path: Path) -> None:
+    """zmq.auth.load_certificate opens what it is given: a FIFO named as the server's key
+    hung `check` (and would hang the daemon's start), /dev/zero would never end."""
+    from supervisor.client.curve import make_curve_client
+    from supervisor.shared.certificates import load_certificate
+
+    fifo = tmp_path / "server.key_secret"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.key"
+    big.write_bytes(b"#" * (64 * 1024 + 1))
+    for path in (fifo, Path("/dev/zero"), tmp_path, big):
+        with pytest.raises(ValueError, match="not a regular file of at most 65536 bytes"):
+            load_certificate(path)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        with pytest.raises(ValueError, match=str(fifo)):
+            make_curve_client(sock, b"x" * 40, str(fifo))
+    finally:
+        sock.close(linger=0)
+    clients = tmp_path / "clients"
+    clients.mkdir()
+    zmq.auth.create_certificates(str(clients), "c")
+    (clients / "c.key_secret").unlink()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"supervisor: {{curve: {{server_secret_key: {fifo}, "
+                      f"authorized_clients: {clients}}}}}\n"
+                      "models: {m: {handler: 'worker.handlers:echo'}}\n")
+    out = subprocess.run([sys.executable, "-m", "supervisor", "check", "-c", str(config)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"server_secret_key: {fifo}: not a regular file" in out.stdout + out.stderr

@@ -10,10 +10,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import zmq.auth
-
 from supervisor.config.keys import Config, ModelConfig
 from supervisor.daemon import security
+from supervisor.shared.certificates import load_certificate
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def _curve(config: Config) -> list[Finding]:
     findings = []
     if curve.server_secret_key is not None:
         try:
-            _, secret = zmq.auth.load_certificate(curve.server_secret_key)
+            _, secret = load_certificate(curve.server_secret_key)
             if secret is None:
                 raise ValueError("it holds no secret key (give the .key_secret file)")
         except (OSError, ValueError) as exc:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import zmq
-import zmq.auth
+
+from supervisor.shared.certificates import load_certificate
 
 __all__ = ["make_curve_client"]
 
@@ -18,11 +19,14 @@ def make_curve_client(sock: zmq.Socket[Any], server_key: str | bytes,
                       client_cert: str) -> None:
     """Client side: our key pair from a secret certificate, the server's public key from its
     public certificate file (or as z85 bytes). Call before connect."""
-    public, secret = zmq.auth.load_certificate(client_cert)
+    try:
+        public, secret = load_certificate(client_cert)
+    except ValueError as exc:
+        raise ValueError(f"{client_cert}: {exc}") from None
     if secret is None:
         raise ValueError(f"{client_cert} holds no secret key: pass the .key_secret file")
     if isinstance(server_key, str):
-        server_key = zmq.auth.load_certificate(server_key)[0]
+        server_key = load_certificate(server_key)[0]
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_serverkey = server_key

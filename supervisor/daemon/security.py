@@ -20,6 +20,7 @@ from zmq.auth.base import Authenticator
 
 from supervisor.config.keys import CurveConfig
 from supervisor.shared import logs
+from supervisor.shared.certificates import load_certificate
 
 log = logs.get(__name__)
 
@@ -30,7 +31,6 @@ ADMIN_DOMAIN = "tfsupervisor-admin"
 # A key directory with more files than this is not a key directory.
 MAX_CLIENT_KEYS = 100_000
 # A public certificate is a few hundred bytes; a larger .key file is not one.
-MAX_KEY_FILE = 64 * 1024
 
 
 class KeyDirError(Exception):
@@ -101,9 +101,7 @@ def _read_key_dir(setting: str, directory: Path) -> dict[bytes, bool]:
         # Only small regular files are read: a FIFO, a device (/dev/zero) or a huge file
         # would block or swamp the daemon's loop, which reads keys at start and on reload.
         try:
-            if not file.is_file() or file.stat().st_size > MAX_KEY_FILE:
-                raise ValueError(f"not a regular file of at most {MAX_KEY_FILE} bytes")
-            public, secret = zmq.auth.load_certificate(file)
+            public, secret = load_certificate(file)
             if secret is not None:  # whoever can read this directory could be that client
                 raise ValueError("it holds a secret key: copy the client's public .key, "
                                  "never its .key_secret")
@@ -129,7 +127,10 @@ def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig,
                       domain: str = ZAP_DOMAIN) -> None:
     """Turn CURVE on for a bound socket (call before bind)."""
     assert curve.server_secret_key is not None
-    public, secret = zmq.auth.load_certificate(curve.server_secret_key)
+    try:
+        public, secret = load_certificate(curve.server_secret_key)
+    except ValueError as exc:
+        raise ValueError(f"{curve.server_secret_key}: {exc}") from None
     if secret is None:
         raise ValueError(f"{curve.server_secret_key} holds no secret key")
     sock.curve_secretkey = secret
