@@ -25,6 +25,12 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
             "mean_ms": round(float(values.mean()), 3)}
 
 
+def cpu(process: psutil.Process) -> float:
+    """Seconds of CPU (user + system, every thread) the process has used so far."""
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30),

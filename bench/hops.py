@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.common import percentiles, write
+from bench.common import cpu, percentiles, write
 from bench.mlp import build_model, drive_processes, free_port, supervisor_config
 from supervisor.client import Client
 from supervisor.client.client import outcome, request_message
@@ -79,11 +79,6 @@ for rows in json.loads(sys.argv[2]):
     out[rows] = timings
 print(json.dumps(out))
 """
-
-
-def cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
 
 
 class Processes:

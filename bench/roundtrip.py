@@ -27,7 +27,7 @@ import numpy as np
 import psutil
 import zmq
 
-from bench.common import percentiles, write
+from bench.common import cpu, percentiles, write
 from supervisor.client.client import Client, request_message
 from supervisor.shared.protocol import encode
 from supervisor.testing import short_tmpdir, start_supervisor
@@ -87,6 +87,18 @@ while True:
 """
 
 
+def warmed_dealer(endpoint: str) -> tuple[zmq.Socket[bytes], list[Any]]:
+    """A bare DEALER connected to ``endpoint`` and the frames of a real request, after 200
+    round trips of warm-up."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(endpoint)
+    frames = encode(request_message("echo", {"x": np.ones((1, 4), np.float32)}, 10.0))
+    for _ in range(200):
+        sock.send_multipart(frames)
+        sock.recv_multipart()
+    return sock, frames
+
+
 def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
     """Latencies of a request's frames through the bare broker and back, and CPU per job of
     the broker and its worker."""
@@ -95,12 +107,7 @@ def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
     broker = subprocess.Popen([sys.executable, "-c", BROKER, front, back])
     worker = subprocess.Popen([sys.executable, "-c", BROKER_WORKER, back])
     try:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.connect(front)
-        frames = encode(request_message("echo", {"x": np.ones((1, 4), np.float32)}, 10.0))
-        for _ in range(200):
-            sock.send_multipart(frames)
-            sock.recv_multipart()
+        sock, frames = warmed_dealer(front)
         procs = psutil.Process(broker.pid), psutil.Process(worker.pid)
         before = [cpu(p) for p in procs]
         latencies = []
@@ -143,23 +150,12 @@ def raw_echo(jobs: int) -> list[float]:
         server.wait()
 
 
-def cpu(process: psutil.Process) -> float:
-    """Seconds of CPU the process has used so far."""
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
 def bare_dealer(jobs: int) -> dict[str, float]:
     """Client and server CPU per call of a bare DEALER send+recv of a request's frames."""
     endpoint = f"ipc://{short_tmpdir()}/echo.sock"
     server = subprocess.Popen([sys.executable, "-c", ROUTER_ECHO, endpoint])
     try:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.connect(endpoint)
-        frames = encode(request_message("echo", {"x": np.ones((1, 4), np.float32)}, 10.0))
-        for _ in range(200):
-            sock.send_multipart(frames)
-            sock.recv_multipart()
+        sock, frames = warmed_dealer(endpoint)
         peer = psutil.Process(server.pid)
         mine, theirs = time.process_time(), cpu(peer)
         for _ in range(jobs):

@@ -122,10 +122,12 @@ def _split(entries: list[JobEntry], outputs: Arrays, each: int) -> list[Message]
     (strings) is packed job by job."""
     rows = each * len(entries)
     if not all(wire_dtype(a) in NUMERIC_DTYPES for a in outputs.values()):
-        return [Message(RESULT, entry.id, {"outputs": specs}, frames)
-                for i, entry in enumerate(entries)
-                for specs, frames in [pack_arrays({n: a[i * each:(i + 1) * each]
-                                                   for n, a in outputs.items()})]]
+        replies = []
+        for i, entry in enumerate(entries):
+            own = {name: array[i * each:(i + 1) * each] for name, array in outputs.items()}
+            own_specs, frames = pack_arrays(own)
+            replies.append(Message(RESULT, entry.id, {"outputs": own_specs}, frames))
+        return replies
     specs: list[dict[str, Any]] = []
     pieces: list[list[Any]] = []
     for name, value in outputs.items():
