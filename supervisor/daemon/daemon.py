@@ -449,34 +449,44 @@ class Daemon:
         path = self.config.path
         if path is None:
             return {"ok": False, "error": "this supervisor was not started from a file"}
+        key_problems = self._reread_keys()
         try:
             new = load_config(path)
-            # Keys are read whole before anything changes: a directory that cannot be read
-            # must not leave the old keys (a revoked client) admitted. The socket settings,
-            # key paths among them, stay those of the running config (reload.effective).
-            keys = security.read_clients(self.config.supervisor.curve) \
-                if self.zap is not None else {}
-        except (ConfigErrors, security.KeyDirError) as errors:
-            messages = [str(e) for e in errors.errors] \
-                if isinstance(errors, ConfigErrors) else [str(errors)]
+        except ConfigErrors as errors:
+            messages = [str(e) for e in errors.errors]
             log.error("config_rejected", path=str(path), errors=messages)
             return {"ok": False, "error": "config rejected, running config kept:\n" +
-                    "\n".join(messages)}
+                    "\n".join(messages) + _keys_note(key_problems)}
         except Exception as exc:  # whatever the file holds, the daemon keeps running
             log.exception("config_rejected", path=str(path))
             return {"ok": False, "error": f"config rejected, running config kept: "
-                    f"{type(exc).__name__}: {exc}"}
+                    f"{type(exc).__name__}: {exc}" + _keys_note(key_problems)}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         changes = self.core.reload(new, self.clock())
         self.config = self.core.config
-        if self.zap is not None:
-            security.install_clients(self.zap, keys)
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
-        return {"ok": True, "result": changes.summary()}
+        summary = changes.summary()
+        if key_problems:
+            summary["key_problems"] = key_problems
+        return {"ok": True, "result": summary}
+
+    def _reread_keys(self) -> list[str]:
+        """The client keys, re-read on every reload before the config file, and applied even
+        if the file is then rejected: a removed key stops being admitted whatever else is
+        wrong (security.reread_clients). The key paths are the running config's: socket
+        settings change only on restart (reload.effective)."""
+        if self.zap is None:
+            return []
+        keys, problems = security.reread_clients(self.config.supervisor.curve)
+        security.install_clients(self.zap, keys)
+        if problems:
+            log.error("curve_keys_skipped", problems=problems,
+                      hint="the keys that could be read apply; fix or remove the others")
+        return problems
 
     def _close(self) -> None:
         self._refuse_latecomers()
@@ -510,6 +520,13 @@ class Daemon:
         with contextlib.suppress(Exception):
             self._read_requests()
             self._perform()
+
+
+def _keys_note(problems: list[str]) -> str:
+    if not problems:
+        return ""
+    return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n" +
+            "\n".join(problems))
 
 
 def _exited(pid: int) -> bool:
