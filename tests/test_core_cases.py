@@ -629,3 +629,22 @@ def test_a_worker_of_replaced_settings_failing_late_is_not_the_new_settings_fail
     assert world.state("a-3") is State.STARTING
     world.exit("a-3", WorkerExit.LOAD_ERROR)  # a failure of the settings now in force counts
     assert state.unavailable and state.failures == 1 and state.last_error
+
+
+def test_a_silence_the_supervisor_caused_is_not_a_hung_worker() -> None:
+    """A loop that stalled (a blocking call, SIGSTOP, a suspended host) has the workers'
+    heartbeats of that time unread in its socket: the daemon tells the core, and nobody
+    is killed for it. A real silence after it still is."""
+    world = World()
+    world.ready("a-1")
+    timeout = world.core.pool.workers["a-1"].heartbeat_timeout
+    world.now += timeout * 3
+    world.core.stalled(timeout * 3, world.now)
+    world.tick()
+    assert not world.killed and world.state("a-1") is State.READY
+    for bad in (float("nan"), float("-inf"), -5.0):  # never moves a clock back, or breaks it
+        world.core.stalled(bad, world.now)
+        world.tick()
+    assert not world.killed
+    world.tick(timeout + 0.1)  # silent while the supervisor listened: hung
+    assert world.killed == [("a-1", Reason.HUNG)]

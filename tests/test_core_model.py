@@ -211,6 +211,7 @@ class SimWorker:
     memory: int = 100
     heartbeat_timeout: float = 0.0  # the supervisor's setting when it was spawned
     last_beat: float = 0.0
+    deaf_at_beat: float = 0.0  # the supervisor's stalled seconds so far, at last_beat
     batches: list[SendBatch] = field(default_factory=list)
 
 
@@ -227,6 +228,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.spawn_fails = False
         self.config_name = "start"
         self.sent_to: dict[int, int] = {}  # job id -> workers it was sent to, as seen here
+        self.deaf = 0.0  # seconds the supervisor's loop stalled, in all (the stall rule)
         self.perform()
 
     # --- the world performing the core's actions -----------------------------------------
@@ -253,16 +255,18 @@ class CoreMachine(RuleBasedStateMachine):
             timeout = self.core.config.supervisor.heartbeat_timeout
             self.world[action.worker_id] = SimWorker(action.worker_id, self.next_pid,
                                                      heartbeat_timeout=timeout,
-                                                     last_beat=self.now)
+                                                     last_beat=self.now,
+                                                     deaf_at_beat=self.deaf)
             self.core.spawned(action.worker_id, self.next_pid, secret(action.worker_id))
         elif isinstance(action, Stop):
             self.world[action.worker_id].stop_asked = True
         elif isinstance(action, Kill):
             sim = self.world[action.worker_id]
-            if action.reason is Reason.HUNG:
-                assert self.now - sim.last_beat > sim.heartbeat_timeout, \
-                    f"{sim.id} killed as hung {self.now - sim.last_beat:.1f}s after its last " \
-                    f"heartbeat (its timeout: {sim.heartbeat_timeout}s)"
+            if action.reason is Reason.HUNG:  # silent for longer than its timeout, counting
+                heard = self.now - sim.last_beat - (self.deaf - sim.deaf_at_beat)  # stalls out
+                assert heard > sim.heartbeat_timeout, \
+                    f"{sim.id} killed as hung {heard:.1f}s after its last heartbeat, of time " \
+                    f"the supervisor listened (its timeout: {sim.heartbeat_timeout}s)"
             sim.killed = True
         elif isinstance(action, SampleNow):
             readings = {w: Reading(self.world[w].memory) for w in action.worker_ids
@@ -451,7 +455,7 @@ class CoreMachine(RuleBasedStateMachine):
     @rule()
     def heartbeats(self) -> None:
         for sim in self.workers(lambda w: not w.killed):
-            sim.last_beat = self.now
+            sim.last_beat, sim.deaf_at_beat = self.now, self.deaf
             header = {"worker": sim.id, "jobs": 0, "tf_memory": None}
             self.event(self.core.worker_message, b"hb-socket",
                        encode(signed(Message(HEARTBEAT, b"", header), secret(sim.id))),
@@ -497,6 +501,14 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(step=st.sampled_from([0.001, 0.5, 1.0, 3.0, 11.0, 70.0]))
     def tick(self, step: float) -> None:
         self.now += step
+        self.event(self.core.tick, self.now)
+
+    @rule(step=st.sampled_from([3.0, 11.0, 70.0]))
+    def stall(self, step: float) -> None:
+        """The daemon's loop did not run for ``step`` seconds, and says so."""
+        self.now += step
+        self.deaf += step
+        self.event(self.core.stalled, step, self.now)
         self.event(self.core.tick, self.now)
 
     @rule(data=st.data())

@@ -24,8 +24,10 @@ import zmq.auth
 
 from supervisor.cli.preflight import preflight
 from supervisor.client import Client, JobError, NoReply, control
+from supervisor.client.testing import start_supervisor
 from supervisor.config.loading import control_endpoints, parse_config
 from supervisor.config.settings import ConfigErrors
+from supervisor.daemon.daemon import CONFIG_READ_TIMEOUT
 from supervisor.shared.exitcodes import DaemonExit
 from tests.conftest import echo_model, short_tmpdir
 
@@ -514,3 +516,47 @@ def test_a_fifo_in_place_of_the_config_is_refused_at_once(supervisor_factory: An
     assert '"event": "config_rejected"' in sup.log() and "FIFO" in sup.log()
     out = _cli("check", "-c", str(sup.config_path))
     assert out.returncode == 1 and "a config must be a regular file" in out.stderr
+
+
+def test_a_config_on_a_hung_mount_freezes_nothing() -> None:
+    """The read is off the loop: jobs and status are answered while it hangs, the reload is
+    refused when its deadline passes, a second one at once while the read is stuck, no
+    worker is killed as hung, the CLI keeps its --timeout, and all is well once the file
+    system answers again."""
+    hang_fs = [sys.executable, str(Path(__file__).parent / "slow_fs.py")]
+    config = {"supervisor": {"heartbeat_interval": "0.2s", "heartbeat_timeout": "1s"},
+              "models": {"m": echo_model(1)}}
+    sup = start_supervisor(config, wrapper=hang_fs)
+    try:
+        sup.wait_ready()
+        (worker,) = sup.workers("m")
+        hang = sup.config_path.parent / "HANG"
+        hang.touch()
+        reload = subprocess.Popen([*CLI, "reload", "-c", str(sup.config_path), "--admin",
+                                   sup.admin_endpoint, "--timeout", "60"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started = time.monotonic()
+        with sup.client(timeout=5) as client:
+            while reload.poll() is None:
+                assert client.infer("m", X)["x"].shape == (1, 4)
+                assert sup.status()["models"]["m"]["workers"][0]["id"] == worker["id"]
+                assert time.monotonic() - started < CONFIG_READ_TIMEOUT + 30
+        out, err = reload.communicate()
+        assert reload.returncode == 1 and "took longer than" in err, (out, err)
+        # stuck still: the next reload is refused at once, not stacked behind it
+        refused = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint)
+        assert refused.returncode == 1 and "has not returned" in refused.stderr, refused
+        # the CLI reading the config on the same mount gives up at its own --timeout
+        cli = subprocess.run([*hang_fs, sys.executable, "-m", "supervisor", "reload", "-c",
+                              str(sup.config_path), "--timeout", "1"],
+                             capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 1 and "took longer than 1s" in cli.stderr, cli
+        hang.unlink()  # the file system answers again: the stuck read returns, and then
+        deadline = time.monotonic() + 30  # a reload reads and applies as ever
+        while (out := _cli("reload", "-c", str(sup.config_path))).returncode != 0:
+            assert "has not returned" in out.stderr and time.monotonic() < deadline, out
+            time.sleep(0.1)
+        assert sup.workers("m")[0]["id"] == worker["id"]  # never killed as hung
+        assert '"worker_hung"' not in sup.log()
+    finally:
+        sup.stop()

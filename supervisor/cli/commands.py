@@ -8,10 +8,13 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -97,12 +100,41 @@ def _control_endpoint(args: argparse.Namespace, admin: bool) -> str:
     given = args.admin if admin else args.control
     if given:
         return str(given)
-    found = control_endpoints(args.config)
+    found = _read_within(float(getattr(args, "timeout", 30.0)),
+                         partial(control_endpoints, args.config), args.config, admin)
     if found.problems:
         print(f"warning: {args.config} does not validate ({len(found.problems)} error(s); "
               f"`tfsupervisor check -c {args.config}`); reaching the running daemon anyway",
               file=sys.stderr)
     return found.admin if admin else found.control
+
+
+T = TypeVar("T")
+
+
+def _read_within(seconds: float, read: Callable[[], T], path: str, admin: bool) -> T:
+    """``read`` of the config file, given up on after ``seconds`` (the command's own
+    --timeout): on a hung mount, open() would otherwise block the command for good."""
+    box: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(read())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="config-read", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if failed:
+        raise failed[0]
+    if not box:
+        flag = "--admin" if admin else "--control"
+        raise SystemExit(f"error: reading {path} took longer than {seconds:g}s (its file "
+                         f"system does not answer: a hung mount?); give {flag} ENDPOINT to "
+                         "reach the daemon without it")
+    return box[0]
 
 
 def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:

@@ -209,6 +209,16 @@ class Core:
             self.lifecycle.exited(worker, code, now)
             self.dispatch(worker.model, now)
 
+    def stalled(self, seconds: float, now: float) -> None:
+        """The daemon's loop did not run for ``seconds`` (a call that blocked, the process
+        stopped, the host suspended). Heartbeats sent meanwhile may still be unread in the
+        socket, so the hung-worker clock does not count that time: silence is judged on
+        time the supervisor was there to hear."""
+        if not (seconds > 0):  # NaN too
+            return
+        for worker in self.pool.workers.values():
+            worker.last_heartbeat = min(now, worker.last_heartbeat + seconds)
+
     def worker_message(self, identity: bytes, frames: Sequence[Frame], now: float) -> None:
         """A message on the backend. Heartbeats come from the worker's second socket and
         name the worker; everything else is known by the socket identity it was spawned

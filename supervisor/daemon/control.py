@@ -14,21 +14,25 @@ from supervisor.core.recycling import held_back
 from supervisor.daemon.sampling import read_memory
 from supervisor.shared.protocol import TensorSpec
 
+Answer = Callable[[dict[str, Any]], None]
+
 # Commands that change what the daemon does; the status endpoint refuses them.
 ADMIN_COMMANDS = ("recycle", "reload")
 
 
 class Controller:
-    def __init__(self, core: Core, reload: Callable[[], dict[str, Any]],
+    def __init__(self, core: Core, reload: Callable[[Answer], None],
                  serving: Callable[[], bool], ready: Callable[[], bool]) -> None:
         self.core = core
         self.reload = reload
         self.serving = serving  # past start-up (READY=1 sent) and not stopping
         self.ready = ready  # serving, and every required model has a ready worker now
 
-    def handle(self, header: dict[str, Any], now: float, admin: bool) -> dict[str, Any]:
-        """``admin``: the command came in on the admin endpoint, the only one that may
-        change the service."""
+    def handle(self, header: dict[str, Any], now: float, admin: bool,
+               answer: Answer) -> dict[str, Any] | None:
+        """The answer now, or None when ``answer`` gets it later (a reload, whose files are
+        read off the loop). ``admin``: the command came in on the admin endpoint, the only
+        one that may change the service."""
         command = header.get("command")
         if command == "status":
             return {"ok": True, "result": self.status(now)}
@@ -41,7 +45,8 @@ class Controller:
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
-            return self.reload()
+            self.reload(answer)
+            return None
         return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
                 "explain, recycle, reload"}
 

@@ -22,8 +22,7 @@ from typing import Any
 import zmq
 
 from supervisor.config import worker_spec
-from supervisor.config.keys import Config, SupervisorSection
-from supervisor.config.loading import load_config
+from supervisor.config.keys import Config, CurveConfig, SupervisorSection
 from supervisor.config.settings import ConfigErrors
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.core.batching import job_rows
@@ -32,6 +31,7 @@ from supervisor.daemon import security, startup
 from supervisor.daemon.control import Controller
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
+from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.signals import SignalInbox
 from supervisor.daemon.tree import Trees
@@ -64,6 +64,11 @@ MAX_SLEEP = 0.5
 RECEIVE_HWM_FLOOR = 64
 # Housekeeping (reap, time limits, policy, reports) runs at most this often (seconds).
 HOUSEKEEPING = 0.01
+# A reload's files must be read within this (seconds), or the reload is refused: a config
+# on a hung mount (daemon/reloader.py). Well under `reload`'s own 30 s default timeout.
+CONFIG_READ_TIMEOUT = 10.0
+# A loop turn (or a poll's oversleep) longer than this is a stall (seconds): see _stalled.
+STALL = 1.0
 
 
 
@@ -96,8 +101,10 @@ class Daemon:
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None))
         self.signals = SignalInbox()
+        self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
+        self.turn_started = 0.0  # when the poller last returned
         self.log_format = "auto"  # workers log the way the supervisor does
         self.instance = InstanceLock(Path(config.runtime_dir))
 
@@ -191,7 +198,10 @@ class Daemon:
         self.output.attach(poller)
         try:
             while not self.core.finished:
-                ready = dict(poller.poll(self._sleep_ms()))
+                before, sleep_ms = self.clock(), self._sleep_ms()
+                ready = dict(poller.poll(sleep_ms))
+                self.turn_started = self.clock()
+                self._stalled(self.turn_started - before - sleep_ms / 1000)
                 self._guarded("signal_handling_failed",
                               partial(self._handle_signals, self.signals.fileno() in ready))
                 if self.backend in ready:
@@ -239,6 +249,8 @@ class Daemon:
         if self.reporter.notifier.watchdog_interval:
             wake = min(wake, max(self.reporter.next_watchdog, self.next_housekeeping))
         wake = min(wake, self.core.queue_wake(now, self.next_housekeeping))
+        if (read_deadline := self.reloader.next_deadline()) is not None:
+            wake = min(wake, max(read_deadline, self.next_housekeeping))
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
@@ -260,7 +272,10 @@ class Daemon:
         if now < self.next_housekeeping:
             return
         self.next_housekeeping = now + HOUSEKEEPING
+        self._stalled(now - self.turn_started)  # this turn's handlers took that long
+        self.turn_started = now
         self._reap(now)
+        self._reload_done(now)
         self.output.tick(now)
         targets = self.core.poll_due(now)
         if targets is not None:
@@ -273,6 +288,13 @@ class Daemon:
         self._perform()
         self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None,
                              self.core.shutdown_deadline())
+
+    def _stalled(self, seconds: float) -> None:
+        """Time the loop was not running, beyond a normal turn: told to the core, so a
+        worker is never judged hung for a silence the supervisor itself caused."""
+        if seconds > STALL:
+            log.warning("supervisor_stalled", seconds=round(seconds, 1))
+            self.core.stalled(seconds, self.clock())
 
     def _reap(self, now: float) -> None:
         """Exited workers, each after its process tree is taken down, then any other child
@@ -420,14 +442,19 @@ class Daemon:
 
     def _command(self, sock: zmq.Socket[bytes], frames: list[Frame], admin: bool) -> None:
         envelope, body = split_envelope(frames)
+
+        def answer(result: dict[str, Any]) -> None:  # now, or when a reload is done
+            send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
+
         try:
             msg = decode(body)
             if msg.kind != CONTROL:
                 raise ProtocolError("the control socket takes control messages only")
-            result = self.controller.handle(msg.header, self.clock(), admin)
+            now_result = self.controller.handle(msg.header, self.clock(), admin, answer)
         except ProtocolError as exc:
-            result = {"ok": False, "error": str(exc)}
-        send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
+            now_result = {"ok": False, "error": str(exc)}
+        if now_result is not None:
+            answer(now_result)
 
     # --- signals, reload and shutdown ----------------------------------------------------
 
@@ -439,54 +466,78 @@ class Daemon:
             elif signum == signal.SIGHUP:
                 self.reload()
 
-    def reload(self) -> dict[str, Any]:
-        """SIGHUP or the reload command; its outcome is counted in the metrics."""
-        return self.reporter.reloaded(self._reload())
-
-    def _reload(self) -> dict[str, Any]:
-        """Re-read the config file and apply it in place. Anything wrong with the file, or
-        any failure while reading it, changes nothing and is logged as config_rejected."""
+    def reload(self, answer: Answer | None = None) -> None:
+        """SIGHUP (``answer`` None) or the reload command: the files are read off the loop
+        (daemon/reloader.py) and applied by housekeeping; ``answer`` gets the outcome."""
         path = self.config.path
+        error: dict[str, Any] | None
         if path is None:
-            return {"ok": False, "error": "this supervisor was not started from a file"}
-        key_problems = self._reread_keys()
-        try:
-            new = load_config(path)
-        except ConfigErrors as errors:
-            messages = [str(e) for e in errors.errors]
-            log.error("config_rejected", path=str(path), errors=messages)
+            error = {"ok": False, "error": "this supervisor was not started from a file"}
+        else:
+            error = self.reloader.request(path, self._key_dirs(), answer, self.clock())
+        if error is not None:
+            log.error("config_rejected", path=str(path), errors=[error["error"]])
+            self._answer_reload(error, [answer] if answer else [])
+
+    def _key_dirs(self) -> CurveConfig | None:
+        """The key directories to re-read: the running config's (socket settings, key
+        paths among them, change only on restart: reload.effective)."""
+        return self.config.supervisor.curve if self.zap is not None else None
+
+    def _reload_done(self, now: float) -> None:
+        if self.config.path is None:
+            return
+        outcome = self.reloader.outcome(self.config.path, self._key_dirs(), now)
+        if outcome is not None:
+            self._answer_reload(self._apply(outcome), outcome.answers)
+
+    def _answer_reload(self, result: dict[str, Any], answers: list[Answer]) -> None:
+        self.reporter.reloaded(result)
+        for answer in answers:
+            answer(result)
+
+    def _apply(self, outcome: Outcome) -> dict[str, Any]:
+        """What a finished read found, applied in place: the keys whatever the config file
+        holds (a removal always applies), then the config if it validated."""
+        read = outcome.read
+        if outcome.timed_out:
+            error = (f"reading {read.path} took longer than {self.reloader.timeout:g}s (its "
+                     "file system does not answer: a hung mount?); nothing was changed")
+            log.error("config_rejected", path=str(read.path), errors=[error])
+            return {"ok": False, "error": f"config rejected, running config kept: {error}"}
+        note = self._install_keys(read)
+        if read.error is not None or read.config is None:
+            messages = [str(e) for e in read.error.errors] \
+                if isinstance(read.error, ConfigErrors) else \
+                [f"{type(read.error).__name__}: {read.error}"]
+            log.error("config_rejected", path=str(read.path), errors=messages)
             return {"ok": False, "error": "config rejected, running config kept:\n" +
-                    "\n".join(messages) + _keys_note(key_problems)}
-        except Exception as exc:  # whatever the file holds, the daemon keeps running
-            log.exception("config_rejected", path=str(path))
-            return {"ok": False, "error": f"config rejected, running config kept: "
-                    f"{type(exc).__name__}: {exc}" + _keys_note(key_problems)}
+                    "\n".join(messages) + note}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-        changes = self.core.reload(new, self.clock())
+        changes = self.core.reload(read.config, self.clock())
         self.config = self.core.config
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
-        log.info("config_reloaded", path=str(path), **changes.summary())
+        log.info("config_reloaded", path=str(read.path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
         summary = changes.summary()
-        if key_problems:
-            summary["key_problems"] = key_problems
+        if read.key_problems:
+            summary["key_problems"] = read.key_problems
         return {"ok": True, "result": summary}
 
-    def _reread_keys(self) -> list[str]:
-        """The client keys, re-read on every reload before the config file, and applied even
-        if the file is then rejected: a removed key stops being admitted whatever else is
-        wrong (security.reread_clients). The key paths are the running config's: socket
-        settings change only on restart (reload.effective)."""
-        if self.zap is None:
-            return []
-        keys, problems = security.reread_clients(self.config.supervisor.curve)
-        security.install_clients(self.zap, keys)
-        if problems:
-            log.error("curve_keys_skipped", problems=problems,
-                      hint="the keys that could be read apply; fix or remove the others")
-        return problems
+    def _install_keys(self, read: Read) -> str:
+        """The client keys the read found, installed; a note for a rejected reload's
+        answer when some were skipped."""
+        if self.zap is None or read.keys is None:
+            return ""
+        security.install_clients(self.zap, read.keys)
+        if not read.key_problems:
+            return ""
+        log.error("curve_keys_skipped", problems=read.key_problems,
+                  hint="the keys that could be read apply; fix or remove the others")
+        return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
+                + "\n".join(read.key_problems))
 
     def _close(self) -> None:
         self._refuse_latecomers()
@@ -520,13 +571,6 @@ class Daemon:
         with contextlib.suppress(Exception):
             self._read_requests()
             self._perform()
-
-
-def _keys_note(problems: list[str]) -> str:
-    if not problems:
-        return ""
-    return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n" +
-            "\n".join(problems))
 
 
 def _exited(pid: int) -> bool:

@@ -5,6 +5,7 @@ A wake-up socket pair makes the loop's poller return as soon as a signal arrives
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 from typing import Any
@@ -23,6 +24,11 @@ class SignalInbox:
         signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, self._record)
+
+    def wake(self) -> None:
+        """Make the poller return now (from any thread: a reload's read that is done)."""
+        with contextlib.suppress(BlockingIOError):  # full: it will wake anyway
+            self._writer.send(b"\0")
 
     def _record(self, signum: int, frame: Any) -> None:
         self.pending.append(signum)

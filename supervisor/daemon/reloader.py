@@ -1,0 +1,119 @@
+"""A reload's files, read off the main loop with a deadline.
+
+The config file and the client key directories may sit on a network mount, where open()
+or read() can block for minutes. Read on the loop, that froze every job, every status
+answer and the watchdog, and then healthy workers were killed as hung. So a reload reads in
+a thread; the loop goes on and applies what was read when the thread is done, or answers
+"timed out" when the deadline passes. A read that never returns is abandoned (a thread
+blocked in the kernel cannot be stopped); until it returns, further reloads are refused at
+once rather than stacking more stuck threads.
+
+Every requester gets one answer. A reload asked for while a read is in flight is answered
+by the read after it, so a change made after the first read began is never missed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.config.keys import Config, CurveConfig
+from supervisor.config.loading import load_config
+from supervisor.daemon import security
+
+Answer = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Read:
+    """What one read found: the keys (when CURVE is on) and the config, or what failed."""
+
+    path: Path
+    curve: CurveConfig | None
+    keys: dict[str, dict[bytes, bool]] | None = None
+    key_problems: list[str] = field(default_factory=list)
+    config: Config | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, wake: Callable[[], None]) -> None:
+        try:
+            # Keys first, and kept whatever the config file holds: a removal always applies.
+            if self.curve is not None:
+                self.keys, self.key_problems = security.reread_clients(self.curve)
+            self.config = load_config(self.path)
+        except BaseException as exc:  # reported by the loop, never raised in this thread
+            self.error = exc
+        finally:
+            self.done.set()
+            wake()
+
+
+@dataclass
+class Outcome:
+    read: Read
+    answers: list[Answer]
+    timed_out: bool = False
+
+
+class Reloader:
+    def __init__(self, timeout: float, wake: Callable[[], None]) -> None:
+        self.timeout = timeout
+        self.wake = wake
+        self.current: Read | None = None
+        self.deadline = 0.0
+        self.answers: list[Answer] = []  # of the read in flight
+        self.again: list[Answer | None] | None = None  # asked for during it: one more read
+        self.stuck: Read | None = None  # abandoned after its deadline, not returned yet
+        self.stuck_since = 0.0
+
+    def request(self, path: Path, curve: CurveConfig | None, answer: Answer | None,
+                now: float) -> dict[str, Any] | None:
+        """Start a read (or queue one after the read in flight). An error to answer at
+        once, or None: the answer comes with the outcome."""
+        if self.stuck is not None and not self.stuck.done.is_set():
+            return {"ok": False, "error": f"config rejected, running config kept: the read "
+                    f"of {self.stuck.path} started {now - self.stuck_since:.0f}s ago has not "
+                    "returned (its file system does not answer: a hung mount?); reload again "
+                    "once it does"}
+        self.stuck = None
+        if self.current is not None:
+            self.again = [*(self.again or []), answer]
+            return None
+        self._start(path, curve, [answer] if answer else [], now)
+        return None
+
+    def _start(self, path: Path, curve: CurveConfig | None, answers: list[Answer],
+               now: float) -> None:
+        read = Read(path, curve)
+        self.current, self.deadline, self.answers = read, now + self.timeout, answers
+        threading.Thread(target=read.run, args=(self.wake,), name="config-read",
+                         daemon=True).start()
+
+    def next_deadline(self) -> float | None:
+        return self.deadline if self.current is not None else None
+
+    def outcome(self, path: Path, curve: CurveConfig | None, now: float) -> Outcome | None:
+        """The read in flight once it is done or past its deadline; the next queued read
+        (with the paths now in force) is started then."""
+        read = self.current
+        if read is None:
+            return None
+        if read.done.is_set():
+            result = Outcome(read, self.answers)
+        elif now >= self.deadline:
+            result = Outcome(read, self.answers, timed_out=True)
+            self.stuck, self.stuck_since = read, self.deadline - self.timeout
+        else:
+            return None
+        self.current, self.answers = None, []
+        if self.again is not None:
+            queued, self.again = self.again, None
+            if result.timed_out:  # the next read would hang on the same file system
+                result.answers += [a for a in queued if a is not None]
+            else:
+                self._start(path, curve, [a for a in queued if a is not None], now)
+        return result
