@@ -4,6 +4,7 @@ repository root). Each reproduces one way a handler once broke a promise."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -66,6 +67,33 @@ def big_error(options: dict[str, Any]) -> BigError:
 def hog(options: dict[str, Any]) -> Hog:
     return Hog(options)
 
+
+
+class Spawner(Echo):
+    """Starts child processes, as handlers that shell out do: on a row marked 1.0 a child
+    in the worker's process group that holds ``child_bytes``; on 2.0 one that escapes the
+    group (``setsid -f``: a new session, its parent gone at once). Each child's pid is
+    appended to the file ``pids``."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.pids = str(options["pids"])
+        self.child_bytes = int(options.get("child_bytes", 200 * 1024**2))
+
+    def respond(self, inputs: Arrays) -> Arrays:
+        mark = float(inputs["x"].ravel()[0])
+        if mark == 1.0:
+            hold = (f"import os, time; b = bytearray(b'\\x01' * {self.child_bytes}); "
+                    f"open({self.pids!r}, 'a').write(f'held {{os.getpid()}}\\n'); time.sleep(600)")
+            subprocess.Popen([sys.executable, "-c", hold])
+        elif mark == 2.0:
+            escape = (f"echo escaped $$ >> {self.pids}; exec sleep 600")
+            subprocess.run(["setsid", "-f", "sh", "-c", escape], check=True)
+        return super().respond(inputs)
+
+
+def spawner(options: dict[str, Any]) -> Spawner:
+    return Spawner(options)
 
 
 class Orphans(Echo):

@@ -604,3 +604,28 @@ def test_a_short_deadline_behind_a_long_one_wakes_the_loop_in_time() -> None:
     world.tick(0.1)
     assert world.code(short) == "deadline_exceeded"
     assert world.core.queue_wake(world.now, world.now + 0.01) == math.inf
+
+
+def test_a_worker_of_replaced_settings_failing_late_is_not_the_new_settings_failure() -> None:
+    """reload --wait judges the settings now in force: a broken reload's worker still
+    loading when the fix is reloaded must not report the fix as failing."""
+    world = World()
+    world.ready("a-1")
+    path = Path("/tmp/tfs-core-cases/config.yaml")
+    broken = parse_config(BASE.replace('"mod:a"', '"mod:broken"'), path)
+    assert world.core.reload(broken, world.now).replaced == ["a"]
+    world.poll()
+    world.tick()
+    assert world.state("a-2") is State.STARTING  # the broken settings, still loading
+    fixed = parse_config(BASE.replace('"mod:a"', '"mod:fixed"'), path)
+    assert world.core.reload(fixed, world.now).replaced == ["a"]
+    world.poll()
+    world.tick()
+    world.exit("a-2", WorkerExit.LOAD_ERROR)  # the broken settings fail, late
+    state = world.core.pool.models["a"]
+    assert state.last_error is None and state.failures == 0 and not state.unavailable
+    assert state.backoff_until <= world.now
+    world.tick()  # no back-off: the fixed settings are tried at once
+    assert world.state("a-3") is State.STARTING
+    world.exit("a-3", WorkerExit.LOAD_ERROR)  # a failure of the settings now in force counts
+    assert state.unavailable and state.failures == 1 and state.last_error

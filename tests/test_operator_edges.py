@@ -156,20 +156,9 @@ def test_a_tcp_admin_endpoint_admits_admin_keys_only(supervisor_factory: Any,
     assert result["scheduled"]
 
 
-@pytest.mark.parametrize("breakage", ["empty key file", "empty directory", "directory gone",
-                                      "not a certificate", "a fifo", "a link to /dev/zero",
-                                      "a secret key"])
-def test_a_reload_with_a_bad_key_directory_is_rejected_and_keeps_the_old_keys(
-        supervisor_factory: Any, keys: Path, breakage: str) -> None:
-    sup = _curve_sup(supervisor_factory, keys)
-    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
-    authorized = keys / "authorized_clients"
+def _break(authorized: Path, keys: Path, breakage: str) -> None:
     if breakage == "empty key file":
         (authorized / "extra.key").write_bytes(b"")
-    elif breakage == "empty directory":
-        (authorized / "client.key").unlink()
-    elif breakage == "directory gone":
-        shutil.rmtree(authorized)
     elif breakage == "a fifo":  # reading it would block the daemon's loop for good
         os.mkfifo(authorized / "extra.key")
     elif breakage == "a link to /dev/zero":  # reading it would never end
@@ -178,12 +167,67 @@ def test_a_reload_with_a_bad_key_directory_is_rejected_and_keeps_the_old_keys(
         shutil.copy(keys / "stranger.key_secret", authorized / "extra.key")
     else:
         (authorized / "extra.key").write_text("public-key = 'short'\n")
-    with pytest.raises(JobError, match="config rejected"):
-        sup.admin("reload")
-    assert '"event": "config_rejected"' in sup.log()
+
+
+@pytest.mark.parametrize("breakage", ["empty key file", "not a certificate", "a fifo",
+                                      "a link to /dev/zero", "a secret key"])
+def test_a_bad_key_file_is_skipped_and_said_while_a_removal_applies(
+        supervisor_factory: Any, keys: Path, breakage: str) -> None:
+    """OpenSSH's rule for authorized_keys: a bad entry is skipped and reported, the rest
+    applies, and a removal always applies (it used to reject the whole reload, keeping the
+    removed key admitted)."""
+    authorized = keys / "authorized_clients"
+    shutil.copy(keys / "stranger.key", authorized / "stranger.key")
+    sup = _curve_sup(supervisor_factory, keys)
+    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
+    (authorized / "stranger.key").unlink()  # revoked, and a broken file beside it
+    _break(authorized, keys, breakage)
+    out = _cli("reload", "-c", str(sup.config_path))
+    assert out.returncode == 0, out
+    assert "warning: client key skipped: supervisor.curve.authorized_clients: " \
+        f"{authorized / 'extra.key'} is not a usable public certificate" in out.stderr
+    assert '"event": "curve_keys_skipped"' in sup.log()
+    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "stranger.key_secret")) as client, \
+            pytest.raises(NoReply):
+        client.infer("m", X)
     with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),
                 client_cert=str(keys / "client.key_secret")) as client:
-        assert client.infer("m", X)["x"].shape == (1, 4)  # the running keys are kept
+        assert client.infer("m", X)["x"].shape == (1, 4)  # the good key still admitted
+
+
+@pytest.mark.parametrize("breakage", ["empty directory", "directory gone"])
+def test_a_key_directory_that_holds_no_key_admits_no_one(
+        supervisor_factory: Any, keys: Path, breakage: str) -> None:
+    """Nothing in it can be shown to be still authorized: fail closed, and say so."""
+    sup = _curve_sup(supervisor_factory, keys)
+    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
+    authorized = keys / "authorized_clients"
+    if breakage == "empty directory":
+        (authorized / "client.key").unlink()
+    else:
+        shutil.rmtree(authorized)
+    out = _cli("reload", "-c", str(sup.config_path))
+    assert out.returncode == 0 and "warning: client key skipped" in out.stderr, out
+    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "client.key_secret")) as client, \
+            pytest.raises(NoReply):
+        client.infer("m", X)
+
+
+def test_a_removal_applies_even_when_the_config_file_is_rejected(
+        supervisor_factory: Any, keys: Path) -> None:
+    shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
+    sup = _curve_sup(supervisor_factory, keys)
+    endpoint = yaml.safe_load(sup.config_path.read_text())["supervisor"]["endpoints"][0]
+    (keys / "authorized_clients" / "stranger.key").unlink()
+    sup.config_path.write_text(sup.config_path.read_text() + "\nnot: [valid\n")
+    with pytest.raises(JobError, match="config rejected"):
+        sup.admin("reload")
+    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
+                client_cert=str(keys / "stranger.key_secret")) as client, \
+            pytest.raises(NoReply):
+        client.infer("m", X)
 
 
 def test_a_key_removed_from_the_directory_is_refused_after_reload(

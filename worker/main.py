@@ -8,7 +8,6 @@ variable: every setting comes from the spec, none has a default here.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import io
 import os
 import signal
@@ -19,8 +18,8 @@ from typing import Any
 import zmq
 from zmq.backend import zmq_poll
 
-from supervisor.config.worker_spec import ENV_VAR, SpawnError, WorkerSpec
-from supervisor.shared import logs
+from supervisor.config.worker_spec import ENV_VAR, TREE_VAR, SpawnError, WorkerSpec, tree_mark
+from supervisor.shared import linux, logs
 from supervisor.shared.exitcodes import WorkerExit
 from supervisor.shared.probes import KERAS_PREDICT_REMEDY
 from supervisor.shared.protocol import (
@@ -44,8 +43,6 @@ from worker.probes import ProbeRecorder, keras_loop_traced
 from worker.runners import LoadError, Runner, load
 from worker.warmup import check_padding, output_specs, verify, warm
 
-PR_SET_PDEATHSIG = 1
-
 log = logs.get(__name__)
 
 
@@ -62,11 +59,7 @@ class StopFlag:
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL us when the supervisor dies (Linux only; the heartbeat
     thread's parent watch covers the rest)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     # The spec holds the spawn secret: out of the environment the handler and its child
     # processes see, so they cannot sign messages (or log lines) as this worker.
     os.environ.pop(ENV_VAR, None)
+    # What they see instead: whose tree they belong to, so that one that escapes the worker's
+    # process group (setsid, a double fork) is still known as ours (supervisor/daemon/tree.py).
+    os.environ[TREE_VAR] = tree_mark(spec.parent_pid, spec.worker_id)
     logs.configure(spec.log_level, spec.log_format, worker=spec.worker_id, model=spec.model)
     die_with_parent()
     # The supervisor's pid comes in the spec, not from getppid() here: a supervisor killed

@@ -328,8 +328,11 @@ def cmd_reload(args: argparse.Namespace) -> int:
     except JobError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
+    key_problems = result.pop("key_problems", [])
     print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
                           or "no changes"))
+    for problem in key_problems:  # the readable keys apply; these were skipped
+        print(f"warning: client key skipped: {problem}", file=sys.stderr)
     starting = [*result.get("added", []), *result.get("replaced", []),
                 *result.get("retried", [])]
     if starting and args.wait is None:

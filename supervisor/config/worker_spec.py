@@ -31,6 +31,12 @@ from supervisor.config.settings import Choice, ConfigError, ConfigErrors, sectio
 from supervisor.shared.padding import PadDim, from_config
 
 ENV_VAR = "TFSUPERVISOR_WORKER"
+# Set by the worker for its own child processes in place of ENV_VAR: "SUPERVISOR_PID/WORKER_ID".
+TREE_VAR = "TFSUPERVISOR_TREE"
+
+
+def tree_mark(supervisor_pid: int, worker_id: str) -> str:
+    return f"{supervisor_pid}/{worker_id}"
 
 SOURCES = ("saved_model", "keras", "handler")
 # A ZeroMQ routing identity is 1 to 255 bytes and may not start with a zero byte.

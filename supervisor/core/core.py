@@ -204,7 +204,7 @@ class Core:
         """A worker process is gone (``error``: why it could not even be started)."""
         worker = self.pool.workers.get(worker_id)
         if worker is not None:
-            if error is not None:
+            if error is not None and self.pool.of_current_settings(worker):
                 self.pool.models[worker.model].last_error = error[:MAX_WORKER_TEXT]
             self.lifecycle.exited(worker, code, now)
             self.dispatch(worker.model, now)
@@ -234,7 +234,7 @@ class Core:
             self._ready(sender, msg.header, now)
         elif msg.kind == RESULTS:
             self._results(sender, msg, now)
-        elif msg.kind == ERROR:
+        elif msg.kind == ERROR and self.pool.of_current_settings(sender):
             state = self.pool.models[sender.model]
             state.last_error = str(msg.header.get("message"))[:MAX_WORKER_TEXT]
 
@@ -433,6 +433,7 @@ class Core:
             state = self.pool.models[name]
             state.config, state.removed = config.models[name], False
         for name in changes.replaced:
+            self.pool.models[name].generation += 1
             self._retry_at_once(name)
             self.recycler.request(name, None, Reason.RELOAD)
         # A reload is also how an operator says "fixed it": a model still failing to start

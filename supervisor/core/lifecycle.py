@@ -114,7 +114,7 @@ class Lifecycle:
         state = self.pool.models[worker.model]
         error = _start_timeout_error(worker, limit)
         was_available = not state.unavailable
-        delay = self.pool.failed_to_serve(state, now, error)
+        delay = self.pool.failed_to_serve(worker, now, error)
         log.error("worker_start_timeout", model=worker.model, worker=worker.id, pid=worker.pid,
                   seconds=round(now - worker.started_at, 1), start_timeout=limit,
                   retry_in_seconds=delay)
@@ -153,7 +153,7 @@ class Lifecycle:
             else:
                 error = state.last_error if told and state.last_error \
                     else f"worker {worker.id} exited before ready: {describe_exit(code)}"
-                delay = self.pool.failed_to_serve(state, now, error)
+                delay = self.pool.failed_to_serve(worker, now, error)
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay, error=error)
             if was_available and not self.pool.ready(worker.model):
                 log.error("model_unavailable", model=worker.model, error=error)

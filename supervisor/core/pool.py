@@ -83,6 +83,7 @@ class WorkerHandle:
     # (max_concurrent_recycles); None once it starts or is no longer wanted.
     held_back: Reason | None = None
     pad_dims: tuple[PadDim, ...] = ()  # the padding it was started with (its spec's)
+    generation: int = 0  # its model's settings generation when it was started
 
     @property
     def leaving(self) -> bool:
@@ -121,6 +122,9 @@ class ModelState:
     failures: int = 0  # consecutive workers that could not serve (boot, or over the limit)
     backoff_until: float = 0.0
     last_error: str | None = None
+    # Bumped by every reload that replaces its workers' settings: a worker of an earlier
+    # generation that fails says nothing of the settings now in force (reload --wait).
+    generation: int = 0
     recycles: dict[str, int] = field(default_factory=dict)
     # (reason, cause) -> count: bounded, both are closed sets
     recycle_causes: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -200,7 +204,7 @@ class Pool:
                               jitter=self.rng.uniform(0.0, state.config.policy.jitter),
                               heartbeat_timeout=sup.heartbeat_timeout, last_heartbeat=now,
                               history=History(max(2 * state.config.policy.trend_window, 64)),
-                              pad_dims=state.config.pad_dims)
+                              pad_dims=state.config.pad_dims, generation=state.generation)
         self.workers[worker_id] = handle
         self.outbox.append(Spawn(worker_id, model))
         return handle
@@ -218,9 +222,17 @@ class Pool:
             for _ in range(max(0, missing) if not state.failures else min(1, missing)):
                 self.spawn(state.name, now)
 
-    def failed_to_serve(self, state: ModelState, now: float, error: str) -> float:
+    def of_current_settings(self, worker: WorkerHandle) -> bool:
+        return worker.generation == self.models[worker.model].generation
+
+    def failed_to_serve(self, worker: WorkerHandle, now: float, error: str) -> float:
         """A worker that could not serve (boot failure, or over its limit from the start):
-        the model backs off spawning and is reported unavailable with ``error``."""
+        the model backs off spawning and is reported unavailable with ``error``. Not if the
+        worker was started with settings a reload has since replaced: its failure is theirs,
+        and counting it would report the new settings as failing (0, no back-off)."""
+        state = self.models[worker.model]
+        if not self.of_current_settings(worker):
+            return 0.0
         state.failures += 1
         delay = min(MAX_BACKOFF, 2.0 ** (state.failures - 1))
         state.backoff_until = now + delay

@@ -119,6 +119,8 @@ class Recycler:
         """A fresh worker judged under its limits: the model is known to serve."""
         worker.fresh = False
         state = self.pool.models[worker.model]
+        if not self.pool.of_current_settings(worker):
+            return  # serving on settings a reload replaced says nothing of the new ones
         if state.unavailable:
             log.info("model_available", model=worker.model)
         state.failures, state.last_error, state.backoff_until = 0, None, 0.0
@@ -129,13 +131,12 @@ class Recycler:
         no fresh worker can serve within the limit. The limit holds (killed while loading,
         drained without a job after); the model backs off spawning and reports itself unavailable
         with the reason, as a model that cannot load does."""
-        state = self.pool.models[worker.model]
         reason = verdict.reason or Reason.MAX_MEMORY
         when = "while loading" if worker.state is State.STARTING else "right after warm-up"
         error = (f"a fresh worker uses {verdict.assessment.memory} bytes {when} "
                  f"({verdict.detail}): no worker can serve within this limit; raise "
                  f"policy.{reason.value} above what a fresh worker uses")
-        delay = self.pool.failed_to_serve(state, now, error)
+        delay = self.pool.failed_to_serve(worker, now, error)
         log.error("policy_misconfigured", model=worker.model, worker=worker.id, pid=worker.pid,
                   reason=reason.value, memory=verdict.assessment.memory,
                   retry_in_seconds=delay, error=error)

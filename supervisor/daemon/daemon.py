@@ -34,8 +34,9 @@ from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.signals import SignalInbox
+from supervisor.daemon.tree import Trees
 from supervisor.daemon.worker_output import WorkerOutput
-from supervisor.shared import logs
+from supervisor.shared import linux, logs
 from supervisor.shared.exitcodes import DaemonExit, WorkerExit
 from supervisor.shared.protocol import (
     CONTROL,
@@ -87,6 +88,7 @@ class Daemon:
         self.bound: list[Path] = []  # ipc socket files this daemon created
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
+        self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
         self.reporter = Reporter(self.core.pool, self.core.router, clock())
         self.controller = Controller(
@@ -175,6 +177,8 @@ class Daemon:
             log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
             return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
+        # Orphans of a worker's tree come to us, not to init: found, killed, reaped.
+        linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
         sup = self.config.supervisor
         log.info("supervisor_started", pid=os.getpid(), endpoints=list(sup.endpoints),
                  control=sup.control, admin=sup.admin, models=sorted(self.config.models))
@@ -260,8 +264,8 @@ class Daemon:
         self.output.tick(now)
         targets = self.core.poll_due(now)
         if targets is not None:
-            pids = [pid for _, pid, _ in targets]
-            readings = self.monitor.read(targets, pids, now)
+            self._find_trees()
+            readings = self.monitor.read(targets, self.trees)
             floor = self.config.supervisor.min_available_memory
             available = self.monitor.host_available() if floor is not None else None
             self.core.samples(now, readings, poll=True, host_available=available)
@@ -271,12 +275,28 @@ class Daemon:
                              self.core.shutdown_deadline())
 
     def _reap(self, now: float) -> None:
+        """Exited workers, each after its process tree is taken down, then any other child
+        that exited: orphans re-parented to us (a subreaper, or PID 1 in a container)."""
         for worker_id, process in list(self.processes.items()):
+            if _exited(process.pid):  # its zombie holds its group's number: safe to kill
+                killed = self.trees.take_down(process.pid)
+                if killed:
+                    log.warning("worker_descendants_killed", worker=worker_id, count=killed)
             code = process.poll()
             if code is not None:
                 del self.processes[worker_id]
                 self.output.finish(worker_id, now)  # its last lines before its exit event
                 self.core.exited(worker_id, code, now)
+        workers = {process.pid for process in self.processes.values()}
+        while (pid := _exited_child(workers)) is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+    def _find_trees(self) -> None:
+        for escaped in self.trees.refresh([p.pid for p in self.processes.values()]):
+            log.warning("descendant_escaped", worker=escaped.worker_id, pid=escaped.proc.pid,
+                        killed=escaped.killed,
+                        hint="it left the worker's process group; killed with what it started")
 
     # --- actions -------------------------------------------------------------------------
 
@@ -307,8 +327,8 @@ class Daemon:
             now = self.clock()
             targets = [(w, self.processes[w].pid, self._metric(w)) for w in action.worker_ids
                        if w in self.processes]
-            pids = [p.pid for p in self.processes.values()]
-            self.core.samples(now, self.monitor.read(targets, pids, now), poll=False)
+            self._find_trees()
+            self.core.samples(now, self.monitor.read(targets, self.trees), poll=False)
 
     def _count(self, reply: Reply) -> None:
         now = self.clock()
@@ -429,43 +449,54 @@ class Daemon:
         path = self.config.path
         if path is None:
             return {"ok": False, "error": "this supervisor was not started from a file"}
+        key_problems = self._reread_keys()
         try:
             new = load_config(path)
-            # Keys are read whole before anything changes: a directory that cannot be read
-            # must not leave the old keys (a revoked client) admitted. The socket settings,
-            # key paths among them, stay those of the running config (reload.effective).
-            keys = security.read_clients(self.config.supervisor.curve) \
-                if self.zap is not None else {}
-        except (ConfigErrors, security.KeyDirError) as errors:
-            messages = [str(e) for e in errors.errors] \
-                if isinstance(errors, ConfigErrors) else [str(errors)]
+        except ConfigErrors as errors:
+            messages = [str(e) for e in errors.errors]
             log.error("config_rejected", path=str(path), errors=messages)
             return {"ok": False, "error": "config rejected, running config kept:\n" +
-                    "\n".join(messages)}
+                    "\n".join(messages) + _keys_note(key_problems)}
         except Exception as exc:  # whatever the file holds, the daemon keeps running
             log.exception("config_rejected", path=str(path))
             return {"ok": False, "error": f"config rejected, running config kept: "
-                    f"{type(exc).__name__}: {exc}"}
+                    f"{type(exc).__name__}: {exc}" + _keys_note(key_problems)}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         changes = self.core.reload(new, self.clock())
         self.config = self.core.config
-        if self.zap is not None:
-            security.install_clients(self.zap, keys)
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(path), **changes.summary())
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
-        return {"ok": True, "result": changes.summary()}
+        summary = changes.summary()
+        if key_problems:
+            summary["key_problems"] = key_problems
+        return {"ok": True, "result": summary}
+
+    def _reread_keys(self) -> list[str]:
+        """The client keys, re-read on every reload before the config file, and applied even
+        if the file is then rejected: a removed key stops being admitted whatever else is
+        wrong (security.reread_clients). The key paths are the running config's: socket
+        settings change only on restart (reload.effective)."""
+        if self.zap is None:
+            return []
+        keys, problems = security.reread_clients(self.config.supervisor.curve)
+        security.install_clients(self.zap, keys)
+        if problems:
+            log.error("curve_keys_skipped", problems=problems,
+                      hint="the keys that could be read apply; fix or remove the others")
+        return problems
 
     def _close(self) -> None:
         self._refuse_latecomers()
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+        for process in self.processes.values():  # alive or an unreaped zombie: its group
+            self.trees.take_down(process.pid)     # is its own, the worker included
         for process in self.processes.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
+        with contextlib.suppress(Exception):  # what escaped a group since the last poll
+            self._find_trees()
         try:
             self.output.finish_all(self.clock())
         except Exception:  # the sockets and the instance lock must still be released
@@ -489,6 +520,32 @@ class Daemon:
         with contextlib.suppress(Exception):
             self._read_requests()
             self._perform()
+
+
+def _keys_note(problems: list[str]) -> str:
+    if not problems:
+        return ""
+    return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n" +
+            "\n".join(problems))
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+
+
+def _exited_child(workers: set[int]) -> int | None:
+    """A child that exited and is not a worker (those are reaped with their trees first)."""
+    try:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid in workers:
+        return None  # a worker that exited just now: the next turn takes its tree down
+    return info.si_pid
 
 
 def _listening(path: Path) -> bool:

@@ -13,7 +13,8 @@ import psutil
 
 from supervisor.core.history import Reading
 from supervisor.daemon.gpu import VramReader
-from supervisor.daemon.sampling import Descendants, read_memory
+from supervisor.daemon.sampling import read_memory
+from supervisor.daemon.tree import Trees
 
 
 def available_memory() -> int:
@@ -25,18 +26,21 @@ class Monitor:
                  host_available: Callable[[], int] = available_memory) -> None:
         self.vram = vram or VramReader()
         self.host_available = host_available
-        self.descendants = Descendants()
 
-    def read(self, targets: Iterable[tuple[str, int, str]], all_pids: Iterable[int],
-             now: float) -> dict[str, Reading]:
-        """Readings of (worker id, pid, metric) targets; ``all_pids`` are every live
-        worker's, whose descendants are found once for all."""
-        targets = list(targets)
-        vram = self.vram.read(pid for _, pid, _ in targets)
-        self.descendants.refresh(all_pids, now)
+    def read(self, targets: Iterable[tuple[str, int, str]], trees: Trees) -> dict[str, Reading]:
+        """Readings of (worker id, pid, metric) targets, each worker's tree (as ``trees``
+        last found it) included."""
+        members = {pid: trees.of(pid) for _, pid, _ in targets}
+        vram = self.vram.read(p for pid, tree in members.items() for p in (pid, *tree))
         out = {}
         for worker_id, pid, metric in targets:
-            memory = read_memory(pid, metric, self.descendants.of(pid))
+            memory = read_memory(pid, metric, members[pid])
             if memory is not None:
-                out[worker_id] = Reading(memory, vram.get(pid))
+                out[worker_id] = Reading(memory, _vram(vram, pid, members[pid]))
         return out
+
+
+def _vram(used: dict[int, int], pid: int, tree: list[int]) -> int | None:
+    """The tree's GPU memory; None when NVML reported none of it (no GPU, no NVML)."""
+    found = [used[p] for p in (pid, *tree) if p in used]
+    return sum(found) if found else None

@@ -77,42 +77,66 @@ def start_zap(context: zmq.Context[Any], keys: dict[str, dict[bytes, bool]]) -> 
 
 def read_clients(curve: CurveConfig) -> dict[str, dict[bytes, bool]]:
     """Every client key directory the config names, read whole, by ZAP domain; raises
-    KeyDirError naming the setting and the file. All or nothing: pyzmq's own loader keeps
-    the *old* keys when a directory cannot be read, which would admit a revoked client."""
+    KeyDirError naming the setting and the file. For start and `check`: all or nothing,
+    so a typo is fixed before anyone depends on the service."""
+    keys, problems = _read_all(curve)
+    if problems:
+        raise KeyDirError(problems[0])
+    return keys
+
+
+def reread_clients(curve: CurveConfig) -> tuple[dict[str, dict[bytes, bool]], list[str]]:
+    """For a reload: the keys to admit from now on, and what was wrong. OpenSSH's rule for
+    authorized_keys: a bad entry is skipped and reported, the rest applies, and a removal
+    always applies. So every admitted key is one that is in its directory now: a directory
+    that cannot be read or holds no key admits no one until it is fixed (pyzmq's own loader
+    would keep the old keys, a revoked client among them)."""
+    return _read_all(curve)
+
+
+def _read_all(curve: CurveConfig) -> tuple[dict[str, dict[bytes, bool]], list[str]]:
     domains = {"authorized_clients": ZAP_DOMAIN, "admin_clients": ADMIN_DOMAIN}
-    return {domains[setting]: _read_key_dir(setting, Path(directory))
-            for setting, directory in curve.key_directories.items()}
+    keys: dict[str, dict[bytes, bool]] = {}
+    problems: list[str] = []
+    for setting, directory in curve.key_directories.items():
+        keys[domains[setting]] = _read_key_dir(f"supervisor.curve.{setting}", Path(directory),
+                                               problems)
+    return keys, problems
 
 
-def _read_key_dir(setting: str, directory: Path) -> dict[bytes, bool]:
+def _read_key_dir(setting: str, directory: Path, problems: list[str]) -> dict[bytes, bool]:
     try:
         files = sorted(p for p in directory.iterdir() if p.suffix == ".key")
     except OSError as exc:
-        raise KeyDirError(f"supervisor.curve.{setting}: cannot read {directory}: "
-                          f"{exc.strerror}") from None
+        problems.append(f"{setting}: cannot read {directory}: {exc.strerror}")
+        return {}
     if not files:
-        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds no client "
-                          "certificate (*.key): every client would be refused")
+        problems.append(f"{setting}: {directory} holds no client certificate (*.key): "
+                        "every client would be refused")
     if len(files) > MAX_CLIENT_KEYS:
-        raise KeyDirError(f"supervisor.curve.{setting}: {directory} holds more than "
-                          f"{MAX_CLIENT_KEYS} certificates")
+        problems.append(f"{setting}: {directory} holds more than {MAX_CLIENT_KEYS} "
+                        "certificates: none is admitted")
+        return {}
     keys: dict[bytes, bool] = {}
     for file in files:
-        # Only small regular files are read: a FIFO, a device (/dev/zero) or a huge file
-        # would block or swamp the daemon's loop, which reads keys at start and on reload.
         try:
-            public, secret = load_certificate(file)
-            if secret is not None:  # whoever can read this directory could be that client
-                raise ValueError("it holds a secret key: copy the client's public .key, "
-                                 "never its .key_secret")
-            zmq.utils.z85.decode(public)  # a key that is not z85 would never match
-            if len(public) != 40:
-                raise ValueError("not a 40-character z85 CURVE key")
+            keys[_public_key(file)] = True
         except (OSError, ValueError) as exc:
-            raise KeyDirError(f"supervisor.curve.{setting}: {file} is not a usable public "
-                              f"certificate: {exc}") from None
-        keys[public] = True
+            problems.append(f"{setting}: {file} is not a usable public certificate: {exc}")
     return keys
+
+
+def _public_key(file: Path) -> bytes:
+    # Only small regular files are read (load_certificate): a FIFO, a device (/dev/zero) or
+    # a huge file would block or swamp the daemon's loop, which reads keys on reload.
+    public, secret = load_certificate(file)
+    if secret is not None:  # whoever can read this directory could be that client
+        raise ValueError("it holds a secret key: copy the client's public .key, never its "
+                         ".key_secret")
+    zmq.utils.z85.decode(public)  # a key that is not z85 would never match
+    if len(public) != 40:
+        raise ValueError("not a 40-character z85 CURVE key")
+    return public
 
 
 def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:

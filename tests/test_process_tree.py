@@ -1,0 +1,166 @@
+"""A worker's child processes: measured at every poll, and never outliving the worker.
+
+Real processes throughout: a live daemon whose handler shells out (tests/live_handlers.py,
+Spawner), and the tree finder on process trees this test starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from supervisor.daemon.sampling import read_memory
+from supervisor.daemon.tree import Proc, Trees, kill, read_proc
+from tests.conftest import Supervisor
+
+CHILD_BYTES = 200 * 1024**2
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie: a zombie holds no memory, but one left unreaped is a leak
+    of its own (checked separately)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone(pid: int) -> bool:
+    """Neither running nor an unreaped zombie."""
+    return not psutil.pid_exists(pid)
+
+
+def pids_in(path: Path, kind: str) -> list[int]:
+    if not path.exists():
+        return []
+    return [int(line.split()[1]) for line in path.read_text().splitlines()
+            if line.startswith(kind + " ")]
+
+
+def spawner_config(pids: Path) -> dict[str, Any]:
+    return {"models": {"sp": {
+        "handler": "tests.live_handlers:spawner", "workers": 1,
+        "options": {"pids": str(pids), "child_bytes": CHILD_BYTES},
+        "policy": {"warmup_jobs": 0, "warmup_seconds": "0s"}}}}
+
+
+def mark(sup: Supervisor, value: float) -> None:
+    with sup.client() as client:
+        client.infer("sp", {"x": np.full((1, 4), value, np.float32)})
+
+
+# --- the tree finder, on trees this test starts -------------------------------------------
+
+def test_a_tree_is_found_whole_and_counted() -> None:
+    root = subprocess.Popen(["sh", "-c", "sleep 60 & (sleep 60 & wait) & wait"],
+                            process_group=0)
+    try:
+        trees = Trees()
+        wait_until(lambda: (trees.refresh([root.pid]), len(trees.of(root.pid)) == 3)[1],
+                   "a child, a subshell and its child")
+        alone = read_memory(root.pid, "rss")
+        together = read_memory(root.pid, "rss", trees.of(root.pid))
+        assert alone is not None and together is not None and together > alone
+        members = trees.of(root.pid)
+        root.kill()  # unreaped: the group's number is still the worker's
+        os.waitid(os.P_PID, root.pid, os.WEXITED | os.WNOWAIT)
+        assert trees.take_down(root.pid) >= 3
+        wait_until(lambda: not any(running(p) for p in members), "the tree killed")
+    finally:
+        with_children_killed(root)
+    assert trees.of(root.pid) == []  # forgotten with the worker
+
+
+def test_take_down_reaches_a_descendant_that_left_the_group() -> None:
+    """setsid leaves the process group, so killpg misses it: the last-seen tree does not."""
+    root = subprocess.Popen(["sh", "-c", "setsid sleep 60 & wait"], process_group=0)
+    try:
+        trees = Trees()
+
+        def left_group() -> bool:
+            trees.refresh([root.pid])
+            members = [read_proc(p) for p in trees.of(root.pid)]
+            return any(m is not None and m.pgid != root.pid for m in members)
+
+        wait_until(left_group, "the setsid child")
+        escaped = [p for p in trees.of(root.pid) if os.getpgid(p) != root.pid]
+        os.kill(root.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, root.pid, os.WEXITED | os.WNOWAIT)
+        trees.take_down(root.pid)
+        wait_until(lambda: not any(running(p) for p in escaped), "the setsid child killed")
+    finally:
+        with_children_killed(root)
+
+
+def test_kill_never_hits_a_process_that_reused_the_pid() -> None:
+    """A start time that differs means another process has the pid now: left alone."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        now = read_proc(proc.pid)
+        assert now is not None
+        assert not kill(Proc(now.pid, now.ppid, now.pgid, now.start + 1))
+        assert proc.poll() is None
+        assert kill(now)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        with_children_killed(proc)
+
+
+def with_children_killed(root: subprocess.Popen[bytes]) -> None:
+    with_tree = psutil.Process(root.pid).children(recursive=True) if running(root.pid) else []
+    for child in with_tree:
+        child.kill()
+    root.kill()
+    root.wait()
+
+
+# --- a live daemon --------------------------------------------------------------------------
+
+def test_a_childs_memory_counts_at_once_and_it_dies_with_its_worker(
+        supervisor_factory: Any, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    sup = supervisor_factory(spawner_config(pids))
+    mark(sup, 1.0)
+    wait_until(lambda: len(pids_in(pids, "held")) == 1, "the child to hold its memory")
+    (child,) = pids_in(pids, "held")
+    # Measured at the next polls (0.2 s apart here), not after a 30 s rescan.
+    sup.wait_for(lambda s: any(w["memory"] and w["rss"] and
+                               w["memory"] - w["rss"] > CHILD_BYTES * 0.8
+                               for w in s["models"]["sp"]["workers"]),
+                 timeout=20, what="the child's memory in the worker's")
+    (worker,) = sup.workers("sp")
+    sup.admin("recycle", model="sp", worker=worker["id"])
+    sup.wait_for(lambda s: worker["id"] not in [w["id"] for w in s["models"]["sp"]["workers"]],
+                 what="the old worker gone")
+    wait_until(lambda: gone(child), "the child killed and reaped with its worker")
+    sup.wait_ready()
+
+
+def test_an_escaped_descendant_is_killed_and_reported_and_stop_leaves_nothing(
+        supervisor_factory: Any, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    sup = supervisor_factory(spawner_config(pids))
+    mark(sup, 2.0)
+    wait_until(lambda: len(pids_in(pids, "escaped")) == 1, "the escaped child")
+    (escaped,) = pids_in(pids, "escaped")
+    wait_until(lambda: gone(escaped), "the escaped child killed and reaped")
+    assert '"descendant_escaped"' in sup.log()
+    mark(sup, 1.0)  # one more, in the group this time, then stop the daemon
+    wait_until(lambda: len(pids_in(pids, "held")) == 1, "the child to hold its memory")
+    (held,) = pids_in(pids, "held")
+    assert sup.stop() == 0
+    wait_until(lambda: not running(held), "the child killed when the daemon stops")
