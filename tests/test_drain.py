@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from supervisor.client import JobError
+from supervisor.client import JobError, resolve_endpoints
 from tests.conftest import echo_model
 
 CLI = [sys.executable, "-m", "supervisor"]
@@ -109,3 +109,19 @@ def test_drain_with_nothing_running(tmp_path: Path) -> None:
                       "models: {m: {handler: 'worker.handlers:echo'}}\n")
     out = cli("drain", "-c", str(config))
     assert out.returncode == 0 and "nothing to drain" in out.stdout, out
+
+
+def test_a_headless_service_name_resolves_to_one_endpoint_per_pod() -> None:
+    """resolve_endpoints gives the client every address behind a name (each pod of a
+    headless Service); addresses and ipc endpoints pass through."""
+    found = resolve_endpoints("tcp://localhost:5555")
+    assert "tcp://127.0.0.1:5555" in found and len(found) == len(set(found))
+    assert all(e.startswith("tcp://") and e.endswith(":5555") for e in found)
+    assert resolve_endpoints("tcp://10.0.0.7:5555") == ["tcp://10.0.0.7:5555"]
+    assert resolve_endpoints("tcp://[::1]:5555") == ["tcp://[::1]:5555"]
+    assert resolve_endpoints("ipc:///run/tfsupervisor/frontend.sock") == [
+        "ipc:///run/tfsupervisor/frontend.sock"]
+    with pytest.raises(ValueError):
+        resolve_endpoints("tcp://localhost")
+    with pytest.raises(OSError):
+        resolve_endpoints("tcp://no-such-service.invalid:5555")
