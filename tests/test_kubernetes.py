@@ -61,6 +61,8 @@ POLL_GROWTH = 0.05
 # Time for the preStop's own `tfsupervisor drain` to start and poll, on a busy node.
 PRESTOP_MARGIN = 10.0
 CONTAINER = "tfsupervisor"
+# How often docs/deployment.md tells clients to resolve the headless Service again.
+RESOLVE_EVERY = 10
 MODELS_IN_IMAGE = "/opt/tfsupervisor/models"
 
 
@@ -469,6 +471,9 @@ def test_the_grace_period_covers_the_drain(variant: str) -> None:
     # The rollout never takes a pod away before its replacement is ready.
     strategy = one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"]
     assert strategy == {"maxSurge": 1, "maxUnavailable": 0}
+    # Clients re-resolve the Service every RESOLVE_EVERY seconds (docs/deployment.md): a new
+    # pod is known to them before the next old one drains.
+    assert one(objects, "Deployment")["spec"]["minReadySeconds"] >= RESOLVE_EVERY + 5
 
 
 def probe(objects: list[dict[str, Any]], kind: str) -> tuple[dict[str, Any], Any]:
