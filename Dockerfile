@@ -23,8 +23,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY supervisor ./supervisor
 COPY worker ./worker
-RUN /opt/tfsupervisor/bin/pip install ".[${TF_EXTRA}]" \
-    && /opt/tfsupervisor/bin/python -m compileall -q /opt/tfsupervisor/lib
+RUN /opt/tfsupervisor/bin/pip install ".[${TF_EXTRA}]"
 # The demo MLP, so that the image serves something as built (deploy/kubernetes/ uses it).
 RUN TF_CPP_MIN_LOG_LEVEL=2 /opt/tfsupervisor/bin/tfsupervisor demo-model /opt/tfsupervisor/models/demo
 
