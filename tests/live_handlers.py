@@ -94,3 +94,26 @@ class Spawner(Echo):
 
 def spawner(options: dict[str, Any]) -> Spawner:
     return Spawner(options)
+
+
+class Orphans(Echo):
+    """On a row marked 3.0, leaves an orphan behind: a shell starts `sleep` in the
+    background and exits, so the sleep is re-parented (to the nearest subreaper, or to the
+    PID namespace's init). Its pid, as this worker sees it, is the output ``orphan``."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.seconds = float(options.get("orphan_seconds", 2.0))
+
+    def respond(self, inputs: Arrays) -> Arrays:
+        out = super().respond(inputs)
+        if float(inputs["x"].ravel()[0]) == 3.0:
+            shell = subprocess.run(
+                ["/bin/sh", "-c", f"sleep {self.seconds} </dev/null >/dev/null 2>&1 & echo $!"],
+                capture_output=True, text=True, timeout=30, check=True)
+            out["orphan"] = np.array([int(shell.stdout.strip())], np.int64)
+        return out
+
+
+def orphans(options: dict[str, Any]) -> Orphans:
+    return Orphans(options)

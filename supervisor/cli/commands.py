@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from supervisor.cli.render import render_explain, render_status
-from supervisor.config.keys import Config
+from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import (
     config_reference,
     config_schema,
@@ -192,12 +194,105 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.ready:  # a readiness probe: the exit code is the answer
-        return 0 if report.get("ready") else 1
+        return 0 if ready_for(report, args.model) else 1
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(render_status(report))
     return 0
+
+
+def ready_for(report: dict[str, Any], models: list[str] | None) -> bool:
+    """`status --ready`: the daemon's own answer (past start-up, not stopping, every
+    required model has a ready worker), or with ``models`` named: past start-up, not
+    stopping, and each of those has a ready worker now, required or not. A model the daemon
+    does not serve is not ready: a probe that names it fails loudly rather than passing."""
+    if not models:
+        return bool(report.get("ready"))
+    served = report.get("models", {})
+    return bool(report.get("serving")) and all(
+        name in served and any(w.get("state") == "ready" for w in served[name]["workers"])
+        for name in models)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Kubernetes' preStop hook: start the drain now (SIGTERM to the supervisor that owns
+    the runtime directory), then wait until every job it had is answered. The pod reads not
+    ready at once and new jobs are answered shutting_down (clients send them elsewhere).
+    It returns before the daemon exits: a hook still running when the container's first
+    process ends is reported as failed."""
+    from supervisor.client.client import JobError, control
+    from supervisor.daemon.instance_lock import LOCK_NAME
+
+    runtime_dir, endpoint, budget = _drain_target(args)
+    timeout = args.timeout if args.timeout is not None else budget
+    lock = runtime_dir / LOCK_NAME
+    pid = _lock_holder(lock)
+    if pid is None:
+        print(f"no supervisor holds {lock}: nothing to drain")
+        return 0
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        print(f"supervisor {pid} is gone: nothing to drain")
+        return 0
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            report = control(endpoint, "status", timeout=max(0.5, min(
+                5.0, deadline - time.monotonic())))
+        except JobError:  # gone (or no longer answering): nothing left for us to wait on
+            print(f"supervisor {pid} stopped answering: drained")
+            return 0
+        pending = {name: m["queued"] + m["in_flight"]
+                   for name, m in report["models"].items() if m["queued"] + m["in_flight"]}
+        if not report["serving"] and not pending:
+            print(f"supervisor {pid} is draining with no job left: its workers stop next")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"error: supervisor {pid} still has jobs after {timeout:g}s: "
+                  f"{', '.join(f'{m} {n}' for m, n in sorted(pending.items()))}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+
+
+def _drain_target(args: argparse.Namespace) -> tuple[Path, str, float]:
+    """(runtime dir, status endpoint, how long the drain may take: shutdown_timeout plus
+    STOP_GRACE). A config that no longer validates still names where the running daemon
+    is (its sockets); the drain then gets the default budget."""
+    from supervisor.core.lifecycle import STOP_GRACE
+
+    try:
+        config = load_config(args.config)
+    except ConfigErrors:
+        endpoint = control_endpoints(args.config).control
+        if not endpoint.startswith("ipc://"):
+            print(f"error: {args.config} does not validate and its status endpoint is not "
+                  "ipc: cannot find the supervisor's runtime directory", file=sys.stderr)
+            raise SystemExit(1) from None
+        default = SupervisorSection().shutdown_timeout
+        return Path(endpoint[len("ipc://"):]).parent, endpoint, default + STOP_GRACE
+    sup = config.supervisor
+    return config.runtime_dir, sup.control, sup.shutdown_timeout + STOP_GRACE
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The pid of the live supervisor holding ``lock`` (its instance lock), else None."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a live supervisor
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # left behind by a supervisor that is gone
+    finally:
+        os.close(fd)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -439,6 +534,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--ready", action="store_true",
                         help="print nothing; exit 0 only if the daemon is serving and every "
                         "required model has a ready worker (probes)")
+    status.add_argument("--model", action="append", metavar="NAME",
+                        help="with --ready: the answer depends on these models (repeatable), "
+                        "each needing a ready worker, instead of the required ones")
+    drain = add("drain", cmd_drain, "Start a running supervisor's drain (SIGTERM) and wait "
+                "until it has answered every job; for Kubernetes' preStop hook.")
+    drain.add_argument("--timeout", type=_wait_seconds, metavar="SECONDS",
+                       help="give up (exit 1) after this long (default: "
+                       "supervisor.shutdown_timeout + 5s)")
     top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     explain = add("explain", cmd_explain, "Why a model's workers grow: per worker, the "

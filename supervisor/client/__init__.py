@@ -27,7 +27,8 @@ from supervisor.client.client import (
     control,
     error_from,
 )
+from supervisor.client.discovery import resolve_endpoints
 
 __all__ = ["ERRORS", "BadRequest", "Client", "DeadlineExceeded", "InternalError", "JobError",
            "JobTimeout", "NoReply", "Overloaded", "ShuttingDown", "Unavailable", "UnknownModel",
-           "WorkerCrashed", "control", "error_from"]
+           "WorkerCrashed", "control", "error_from", "resolve_endpoints"]

@@ -1,0 +1,60 @@
+# syntax=docker/dockerfile:1
+# tfsupervisor image: the daemon as PID 1 (it reaps orphans and drains on SIGTERM), its
+# TensorFlow workers beside it, running as an unprivileged user.
+#
+#   docker build -t tfsupervisor:0.1.0 .                                      # CPU (tensorflow-cpu)
+#   docker build --build-arg TF_EXTRA=tensorflow -t tfsupervisor:0.1.0-gpu .  # NVIDIA GPU
+#   docker run --rm -v $PWD/config.yaml:/etc/tfsupervisor/config.yaml:ro tfsupervisor:0.1.0
+#
+# The config is mounted at /etc/tfsupervisor/config.yaml (Kubernetes: the ConfigMap in
+# deploy/kubernetes/). The demo model is built into /opt/tfsupervisor/models/demo; bake
+# your own models the same way (FROM this image, COPY) or mount them.
+# tests/test_container.py checks this file's parts without a Docker engine.
+
+ARG PYTHON_VERSION=3.11
+
+# --- build: a venv with tfsupervisor and TensorFlow ----------------------------------------
+FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+# tensorflow-cpu (default) or tensorflow (the CUDA wheel, for NVIDIA GPUs).
+ARG TF_EXTRA=tensorflow-cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/tfsupervisor
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY supervisor ./supervisor
+COPY worker ./worker
+RUN /opt/tfsupervisor/bin/pip install ".[${TF_EXTRA}]"
+# The demo MLP, so that the image serves something as built (deploy/kubernetes/ uses it).
+RUN TF_CPP_MIN_LOG_LEVEL=2 /opt/tfsupervisor/bin/tfsupervisor demo-model /opt/tfsupervisor/models/demo
+
+# --- runtime: the venv only, no compilers, no pip cache -------------------------------------
+FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+ARG TF_EXTRA=tensorflow-cpu
+LABEL org.opencontainers.image.title="tfsupervisor" \
+      org.opencontainers.image.description="TensorFlow inference workers with memory-aware recycling" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      io.tfsupervisor.tf-extra="${TF_EXTRA}"
+RUN groupadd --system --gid 10001 tfsupervisor \
+    && useradd --system --uid 10001 --gid tfsupervisor --home-dir /nonexistent \
+       --no-create-home --shell /usr/sbin/nologin tfsupervisor \
+    && mkdir -p /etc/tfsupervisor /run/tfsupervisor \
+    && chown tfsupervisor:tfsupervisor /run/tfsupervisor \
+    && chmod 0750 /run/tfsupervisor
+COPY --from=build /opt/tfsupervisor /opt/tfsupervisor
+ENV PATH=/opt/tfsupervisor/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp
+USER 10001:10001
+WORKDIR /tmp
+# Jobs (supervisor.endpoints, e.g. tcp://0.0.0.0:5555 with CURVE) and Prometheus metrics
+# (supervisor.metrics: 0.0.0.0:9464).
+EXPOSE 5555 9464
+# SIGTERM starts the drain: queued and running jobs are answered, then workers stop.
+STOPSIGNAL SIGTERM
+# For `docker run`; Kubernetes uses the probes in deploy/kubernetes/ instead. The status
+# socket is where a config with runtime_dir: /run/tfsupervisor puts it.
+HEALTHCHECK --interval=10s --timeout=8s --start-period=10m --retries=3 \
+    CMD ["tfsupervisor", "status", "--control", "ipc:///run/tfsupervisor/control.sock", "--ready", "--timeout", "5"]
+ENTRYPOINT ["tfsupervisor", "run"]
+CMD ["-c", "/etc/tfsupervisor/config.yaml", "--log-format", "json"]

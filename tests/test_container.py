@@ -1,0 +1,284 @@
+"""The container image, without a Docker engine.
+
+- The Dockerfile is read for what the image must be: multi-stage on a slim Python base, TF
+  CPU by default and a build argument for the GPU wheel, a non-root user, STOPSIGNAL
+  SIGTERM, `tfsupervisor run` as the entrypoint reading the mounted config, and a
+  HEALTHCHECK that is a real CLI command on the status socket the manifests' config names.
+  Every file it copies exists and is not excluded by .dockerignore.
+- The daemon as a container's PID 1, in a PID namespace of its own (`unshare --pid --fork
+  --mount-proc`, as root; with a user namespace otherwise): an orphaned grandchild of a
+  worker is re-parented to it and reaped (no zombie), SIGTERM drains (the job in flight is
+  answered), it exits 0, and nothing is left running in the namespace.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from supervisor.cli.commands import build_parser
+from supervisor.client import Client
+from tests.conftest import start_supervisor
+from tests.test_kubernetes import config_mount, config_of, container, one, rendered
+
+REPO = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    joined: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        joined.append(pending + stripped)
+        pending = ""
+    result = []
+    for item in joined:
+        word, _, rest = item.partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def stages(text: str) -> list[list[tuple[str, str]]]:
+    found: list[list[tuple[str, str]]] = []
+    for word, rest in instructions(text):
+        if word == "FROM":
+            found.append([])
+        if found:
+            found[-1].append((word, rest))
+    return found
+
+
+def exec_form(rest: str) -> list[str]:
+    value = json.loads(rest)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), rest
+    return value
+
+
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path (or a parent) decides."""
+    parts = path.strip("/").split("/")
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        if any(fnmatch.fnmatch(c, pattern) or fnmatch.fnmatch(c, f"**/{pattern}")
+               for c in candidates):
+            ignored = not negate
+    return ignored
+
+
+def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
+    text = DOCKERFILE.read_text()
+    build, runtime = stages(text)  # multi-stage: the runtime has no pip cache or compilers
+    for stage in (build, runtime):
+        assert "slim" in stage[0][1], stage[0]  # a slim Python base
+    assert build[0][1].endswith(" AS build")
+    runtime_words = [w for w, _ in runtime]
+    assert ("COPY", "--from=build /opt/tfsupervisor /opt/tfsupervisor") in runtime
+    # TF CPU by default; the GPU wheel by a build argument naming the extra.
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert ("ARG", "TF_EXTRA=tensorflow-cpu") in build
+    assert {"tensorflow", "tensorflow-cpu"} <= set(extras)
+    assert any(w == "RUN" and 'pip install ".[${TF_EXTRA}]"' in r for w, r in build)
+    # A non-root user, created with that uid, and the manifests run as the same one.
+    users = [r for w, r in runtime if w == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+    uid = users[-1].split(":")[0]
+    assert any(w == "RUN" and f"--uid {uid}" in r for w, r in runtime)
+    pod = rendered("base")
+    security = one(pod, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert str(security["runAsUser"]) == uid and security["runAsNonRoot"] is True
+    assert ("STOPSIGNAL", "SIGTERM") in runtime
+    # The entrypoint is the daemon itself (PID 1): `tfsupervisor run`, the config mounted.
+    (entrypoint,) = [exec_form(r) for w, r in runtime if w == "ENTRYPOINT"]
+    (cmd,) = [exec_form(r) for w, r in runtime if w == "CMD"]
+    assert entrypoint == ["tfsupervisor", "run"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["tfsupervisor"] == "supervisor.cli.commands:main"
+    args = build_parser().parse_args([*entrypoint[1:], *cmd])
+    assert args.command == "run" and args.config == f"{config_mount(pod)}/config.yaml"
+    k8s = build_parser().parse_args([*entrypoint[1:], *container(pod)["args"]])
+    assert k8s.command == "run" and k8s.config == args.config
+    # The health check is a real CLI command, on the status socket the config names.
+    (health,) = [r for w, r in runtime if w == "HEALTHCHECK"]
+    probe = exec_form(health.partition(" CMD ")[2])
+    assert probe[0] == "tfsupervisor"
+    parsed = build_parser().parse_args(probe[1:])
+    assert parsed.command == "status" and parsed.ready
+    assert parsed.control == config_of(pod).supervisor.control
+    exposed = {int(p) for w, r in runtime if w == "EXPOSE" for p in r.split()}
+    assert exposed == {p["containerPort"] for p in container(pod)["ports"]}
+    assert "HEALTHCHECK" in runtime_words
+
+
+def test_what_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    copied = []
+    for word, rest in instructions(DOCKERFILE.read_text()):
+        if word in ("COPY", "ADD") and not rest.startswith("--from"):
+            *sources, _ = rest.split()
+            copied += sources
+    assert copied
+    for source in copied:
+        path = REPO / source
+        assert path.exists(), source
+        files = [p for p in path.rglob("*.py")] if path.is_dir() else [path]
+        for file in files:
+            relative = str(file.relative_to(REPO))
+            assert not dockerignored(relative, patterns), relative
+    # What must stay out of the context does.
+    for leftover in (".venv/bin/python", "tests/conftest.py", "models/demo/saved_model.pb",
+                     ".git/HEAD", "supervisor/__pycache__/x.pyc"):
+        assert dockerignored(leftover, patterns), leftover
+    # pip builds the package from these: the sources setuptools finds, and the readme.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["readme"] in copied
+
+
+# --- the daemon as PID 1 ---------------------------------------------------------------------
+
+def namespace_wrapper() -> list[str]:
+    """unshare as root (CI); a user namespace maps this user to root otherwise."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.fail("unshare (util-linux) is missing: the PID 1 test needs it")
+    base = [unshare, "--pid", "--fork", "--mount-proc"]
+    return base if os.geteuid() == 0 else [unshare, "--user", "--map-root-user", *base[1:]]
+
+
+def pid_namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def in_namespace(namespace: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if pid_namespace(process.pid) == namespace:
+                found.append(process)
+        except (OSError, psutil.Error):
+            pass
+    return found
+
+
+def inner_pid(pid: int) -> int:
+    """The pid as the process's own namespace sees it (the last NSpid field)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for {pid}")
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+SLOW = -2.0
+ORPHAN = 3.0
+
+
+def test_the_daemon_as_pid_1_reaps_orphans_drains_and_exits_clean() -> None:
+    sup = start_supervisor(
+        {"models": {"m": {"handler": "tests.live_handlers:orphans", "workers": 1,
+                          "options": {"sleep_on": SLOW, "sleep_seconds": 3.0,
+                                      "orphan_seconds": 1.5}}}},
+        wrapper=namespace_wrapper(), env={"PYTHONPATH": str(REPO)})
+    daemon: psutil.Process | None = None
+    try:
+        unshare = psutil.Process(sup.process.pid)
+        daemon = wait_until(lambda: (unshare.children() or [None])[0], 30, "the daemon")
+        assert daemon is not None
+        namespace = pid_namespace(daemon.pid)
+        assert namespace != pid_namespace(os.getpid())
+        assert inner_pid(daemon.pid) == 1  # the container's PID 1
+        sup.wait_ready(timeout=120)
+        with Client(sup.endpoint, timeout=60) as client:
+            out = client.infer("m", {"x": np.full((1, 4), ORPHAN, np.float32)})
+        orphan_inner = int(out["orphan"][0])
+
+        def orphan() -> psutil.Process | None:
+            for process in in_namespace(namespace):
+                try:
+                    if inner_pid(process.pid) == orphan_inner:
+                        return process
+                except OSError:
+                    pass
+            return None
+
+        # Re-parented to the daemon (its shell parent is gone) while it sleeps ...
+        found = orphan()
+        if found is not None:  # not already gone on a slow machine
+            try:
+                parent = found.ppid()
+                assert parent == daemon.pid or not found.is_running(), (parent, daemon.pid)
+            except psutil.NoSuchProcess:
+                pass
+        # ... and reaped once it exits: no zombie is left in the namespace.
+        def reaped() -> bool:
+            zombies = [p for p in in_namespace(namespace)
+                       if p.status() == psutil.STATUS_ZOMBIE]
+            return orphan() is None and not zombies
+
+        try:
+            wait_until(reaped, 20, "the orphan reaped")
+        except AssertionError:
+            raise AssertionError(
+                "an orphan re-parented to the daemon (PID 1) was never reaped: "
+                + ", ".join(f"{p.pid} {p.name()} {p.status()} ppid {p.ppid()}"
+                            for p in in_namespace(namespace))) from None
+
+        # SIGTERM (what the runtime sends) drains: the job in flight is answered.
+        result: dict[str, Any] = {}
+
+        def slow_job() -> None:
+            with Client(sup.endpoint, timeout=60) as client:
+                result["x"] = client.infer("m", {"x": np.full((1, 4), SLOW, np.float32)})["x"]
+
+        job = threading.Thread(target=slow_job)
+        job.start()
+        sup.wait_for(lambda s: s["models"]["m"]["in_flight"] == 1, timeout=30,
+                     what="job running")
+        daemon.send_signal(signal.SIGTERM)
+        job.join(60)
+        assert result["x"].tolist() == [[SLOW] * 4]
+        assert sup.process.wait(60) == 0  # unshare exits with the daemon's status
+        assert in_namespace(namespace) == []  # nothing left running
+        events = [json.loads(line) for line in sup.log().splitlines()
+                  if line.startswith("{")]
+        names = [e["event"] for e in events]
+        assert "shutdown_started" in names and "shutdown_jobs_abandoned" not in names
+    finally:
+        if daemon is not None and daemon.is_running():
+            daemon.kill()
+        sup.stop()
+        shutil.rmtree(sup.config_path.parent, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""What Kubernetes runs against the daemon: per-model readiness and the preStop drain.
+
+- `status --ready --model NAME` answers for the named models (a probe that names a model the
+  daemon does not serve fails), not only for the required ones.
+- `drain` (the preStop hook) starts the drain at once: readiness fails, new jobs are
+  answered shutting_down (a failover client sends them elsewhere), the job in flight is
+  answered, and it returns once no job is left, before the daemon exits. The SIGTERM the
+  kubelet sends after the hook then ends the daemon with status 0.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from supervisor.client import JobError, resolve_endpoints
+from tests.conftest import echo_model
+
+CLI = [sys.executable, "-m", "supervisor"]
+SLOW = -2.0  # the echo handler's marker for a slow job
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_ready_per_model(supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {
+        "m": echo_model(1),
+        "optional": {"handler": "worker.handlers:broken", "workers": 1, "required": False}}},
+        wait=False)
+    sup.wait_for(lambda s: s["ready"] and s["models"]["optional"]["last_error"],
+                 timeout=60, what="m ready, optional failing to load")
+    config = str(sup.config_path)
+
+    def ready(*models: str) -> int:
+        return cli("status", "-c", config, "--ready",
+                   *[a for m in models for a in ("--model", m)]).returncode
+
+    assert ready() == 0  # the daemon's own answer: 'optional' is not required
+    assert ready("m") == 0
+    assert ready("optional") == 1  # named: it counts, required or not
+    assert ready("m", "optional") == 1
+    assert ready("nope") == 1  # a model this daemon does not serve is not ready
+    sup.stop()
+    assert ready("m") != 0
+
+
+def test_drain_answers_the_job_in_flight_then_lets_the_kubelets_sigterm_end_it(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1, sleep_on=SLOW, sleep_seconds=3.0)},
+                              "supervisor": {"shutdown_timeout": "30s"}})
+    config = str(sup.config_path)
+    result: dict[str, Any] = {}
+
+    def slow_job() -> None:
+        with sup.client(timeout=60) as client:
+            result["x"] = client.infer("m", {"x": np.full((1, 4), SLOW, np.float32)})["x"]
+        result["at"] = time.monotonic()
+
+    job = threading.Thread(target=slow_job)
+    job.start()
+    sup.wait_for(lambda s: s["models"]["m"]["in_flight"] == 1, timeout=30, what="job running")
+    drain = subprocess.Popen([*CLI, "drain", "-c", config], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        sup.wait_for(lambda s: not s["serving"], timeout=30, what="drain started")
+        assert cli("status", "-c", config, "--ready").returncode == 1  # out of the Service
+        with sup.client(timeout=30) as client, pytest.raises(JobError) as refused:
+            client.infer("m", {"x": np.ones((1, 4), np.float32)})
+        assert refused.value.code == "shutting_down"  # a failover client goes elsewhere
+        out, _ = drain.communicate(timeout=60)
+    finally:
+        if drain.poll() is None:
+            drain.kill()
+        job.join(60)
+    finished = time.monotonic()
+    assert drain.returncode == 0, out
+    assert result["x"].tolist() == [[SLOW] * 4]  # the job in flight was answered
+    assert result["at"] <= finished
+    # The kubelet's SIGTERM comes after the hook: the daemon, stopping its idle workers,
+    # exits 0. Only a SIGTERM that lands while the interpreter tears down (Python has put
+    # the default action back by then) ends it by the signal here; as a container's PID 1
+    # the kernel drops a signal whose action is the default (pid_namespaces(7)), so there
+    # it exits 0 as well (tests/test_container.py runs it as PID 1).
+    if sup.process.poll() is None:
+        sup.process.send_signal(signal.SIGTERM)
+    assert sup.process.wait(30) in (0, -signal.SIGTERM)
+    events = [json.loads(line) for line in sup.log().splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert names.count("shutdown_started") == 1
+    assert "shutdown_jobs_abandoned" not in names, events
+    # Nothing left to drain, and no daemon at all: both exit 0.
+    assert cli("drain", "-c", config).returncode == 0
+
+
+def test_drain_with_nothing_running(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"supervisor: {{runtime_dir: {tmp_path / 'run'}}}\n"
+                      "models: {m: {handler: 'worker.handlers:echo'}}\n")
+    out = cli("drain", "-c", str(config))
+    assert out.returncode == 0 and "nothing to drain" in out.stdout, out
+
+
+def test_a_headless_service_name_resolves_to_one_endpoint_per_pod() -> None:
+    """resolve_endpoints gives the client every address behind a name (each pod of a
+    headless Service); addresses and ipc endpoints pass through."""
+    found = resolve_endpoints("tcp://localhost:5555")
+    assert "tcp://127.0.0.1:5555" in found and len(found) == len(set(found))
+    assert all(e.startswith("tcp://") and e.endswith(":5555") for e in found)
+    assert resolve_endpoints("tcp://10.0.0.7:5555") == ["tcp://10.0.0.7:5555"]
+    assert resolve_endpoints("tcp://[::1]:5555") == ["tcp://[::1]:5555"]
+    assert resolve_endpoints("ipc:///run/tfsupervisor/frontend.sock") == [
+        "ipc:///run/tfsupervisor/frontend.sock"]
+    with pytest.raises(ValueError):
+        resolve_endpoints("tcp://localhost")
+    with pytest.raises(OSError):
+        resolve_endpoints("tcp://no-such-service.invalid:5555")

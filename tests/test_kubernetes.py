@@ -1,0 +1,593 @@
+"""deploy/kubernetes/, rendered and checked offline (no cluster, no network).
+
+- Both renderings (the base, the GPU overlay) come from tests/kustomize.py, a pure-Python
+  kustomize of the features the manifests use; where kubectl exists, `kubectl kustomize`
+  renders them too and must give the same objects.
+- Every object validates against the Kubernetes OpenAPI schemas bundled in
+  kubernetes-validate (strict: an unknown field is an error), for the oldest and newest
+  Kubernetes these manifests claim; the two custom resources (ServiceMonitor, ScaledObject)
+  against a schema of the fields they use, with their metadata checked as ObjectMeta.
+- The ConfigMap's config.yaml is loaded with the daemon's own loader and passes `check`
+  with the pod's volumes laid out as the kubelet mounts them (Secrets as symlinks).
+- The Deployment cannot drift from it: memory requests and limits against max_memory and
+  kill_memory x workers (replacements included), the grace period against the daemon's own
+  drain deadline, probes and preStop against the CLI and the config's endpoints, ports,
+  selectors, and the KEDA triggers against the metrics the daemon exports.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.cli.commands import build_parser
+from supervisor.cli.commands import main as cli_main
+from supervisor.config.keys import Config
+from supervisor.config.loading import load_config, parse_config
+from supervisor.core.core import EXIT_MARGIN, Core
+from supervisor.core.lifecycle import STOP_GRACE
+from supervisor.daemon.metrics import Metrics
+from supervisor.daemon.security import keygen, read_clients
+from supervisor.shared.certificates import load_certificate
+from tests.kustomize import render
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy" / "kubernetes"
+VARIANTS = {"base": DEPLOY / "base", "gpu": DEPLOY / "overlays" / "gpu"}
+# The Kubernetes versions the manifests are checked against: the oldest we claim (policy/v1
+# PDBs, no beta APIs) and the newest kubernetes-validate knows.
+KUBERNETES = ("1.29", kubernetes_validate.utils.latest_version())
+# What the container needs besides its workers: the supervisor (tens of MB), the probes'
+# and preStop's `tfsupervisor` processes (~60 MB each, up to three at once) and the
+# in-memory emptyDir of the sockets (16 MiB at most).
+SUPERVISOR_ALLOWANCE = 384 * 1024**2
+# A worker is killed at the first poll over kill_memory: what it grows within one poll.
+POLL_GROWTH = 0.05
+# Time for the preStop's own `tfsupervisor drain` to start and poll, on a busy node.
+PRESTOP_MARGIN = 10.0
+CONTAINER = "tfsupervisor"
+# How often docs/deployment.md tells clients to resolve the headless Service again.
+RESOLVE_EVERY = 10
+MODELS_IN_IMAGE = "/opt/tfsupervisor/models"
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def rendered(variant: str) -> list[dict[str, Any]]:
+    return render(VARIANTS[variant])
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, (kind, [o["metadata"]["name"] for o in found])
+    return found[0]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (found,) = [c for c in pod["containers"] if c["name"] == CONTAINER]
+    result: dict[str, Any] = found
+    return result
+
+
+def config_text(objects: list[dict[str, Any]]) -> str:
+    text: str = one(objects, "ConfigMap")["data"]["config.yaml"]
+    return text
+
+
+def config_of(objects: list[dict[str, Any]]) -> Config:
+    """The ConfigMap's config.yaml through the daemon's own loader, as the pod reads it."""
+    return parse_config(config_text(objects), Path(f"{config_mount(objects)}/config.yaml"))
+
+
+def config_mount(objects: list[dict[str, Any]]) -> str:
+    """Where the container mounts the ConfigMap."""
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v["name"] for v in pod["volumes"] if "configMap" in v]
+    (mount,) = [m["mountPath"] for m in container(objects)["volumeMounts"]
+                if m["name"] == volume]
+    return str(mount)
+
+
+def quantity(text: str | int) -> float:
+    """A Kubernetes quantity (memory or CPU) as a number."""
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "k": 1e3, "M": 1e6,
+             "G": 1e9, "m": 1e-3, "": 1}
+    found = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
+    assert found and found.group(2) in units, text
+    return float(found.group(1)) * units[found.group(2)]
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+def test_the_manifests_hold_what_a_platform_engineer_expects(variant: str) -> None:
+    objects = rendered(variant)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(["Namespace", "ConfigMap", "Deployment", "Service",
+                            "PodDisruptionBudget", "ServiceMonitor", "ScaledObject"]), kinds
+    namespace = one(objects, "Namespace")["metadata"]["name"]
+    assert all(o["metadata"].get("namespace") == namespace for o in objects
+               if o["kind"] != "Namespace")
+    # The ConfigMap's name carries a hash of its content (a new config rolls the pods), and
+    # the Deployment mounts that very name.
+    name = one(objects, "ConfigMap")["metadata"]["name"]
+    assert re.fullmatch(r"tfsupervisor-config-[a-z0-9]{10}", name), name
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert [v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v] == [name]
+    assert render(VARIANTS[variant]) == objects  # deterministic
+
+
+def normalized(objects: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
+    """Objects by kind and name, the ConfigMap's hash suffix left out (see configmap_hash)."""
+    text = re.sub(r"(tfsupervisor-config)-[a-z0-9]{10}\b", r"\1-HASH", json.dumps(objects))
+    return {(o["kind"], o["metadata"]["name"]): o for o in json.loads(text)}
+
+
+def test_kubectl_kustomize_renders_the_same_where_kubectl_exists(variant: str) -> None:
+    """The pure-Python rendering is what the tests check everywhere; where kubectl exists
+    (developers' machines) it must agree with `kubectl kustomize`, object for object.
+    Without kubectl, the rendering is still checked for using only what tests/kustomize.py
+    implements: it refuses any other kustomization field."""
+    ours = normalized(rendered(variant))
+    for kustomization in DEPLOY.rglob("kustomization.yaml"):
+        fields = set(yaml.safe_load(kustomization.read_text()))
+        assert fields <= {"apiVersion", "kind", "namespace", "resources",
+                          "configMapGenerator", "images", "patches"}, kustomization
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return
+    out = subprocess.run([kubectl, "kustomize", str(VARIANTS[variant])], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    theirs = normalized([o for o in yaml.safe_load_all(out.stdout) if o])
+    assert ours.keys() == theirs.keys()
+    for key, obj in ours.items():
+        assert obj == theirs[key], key
+
+
+# --- schemas --------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation must not fetch anything: any connection attempt fails the test."""
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("schema validation tried to reach the network")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+OBJECT_META = {"type": "object", "required": ["name"], "properties": {
+    "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+             "maxLength": 253},
+    "namespace": {"type": "string"},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
+    "additionalProperties": False}
+SELECTOR = {"type": "object", "required": ["matchLabels"], "additionalProperties": False,
+            "properties": {"matchLabels": {"type": "object",
+                                           "additionalProperties": {"type": "string"}}}}
+
+
+def custom(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "additionalProperties": False, "properties": {
+                "apiVersion": {"const": api_version}, "kind": {"const": kind},
+                "metadata": OBJECT_META, "spec": spec}}
+
+
+# The custom resources' fields these manifests use, typed as the Prometheus Operator
+# (monitoring.coreos.com/v1) and KEDA (keda.sh/v1alpha1) API references define them;
+# anything else is refused, so a misspelt field fails here rather than being dropped by the
+# API server.
+CUSTOM_SCHEMAS = {
+    "ServiceMonitor": custom("monitoring.coreos.com/v1", "ServiceMonitor", {
+        "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+        "properties": {
+            "selector": SELECTOR,
+            "endpoints": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["port"], "additionalProperties": False,
+                "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                               "interval": {"type": "string",
+                                            "pattern": r"^(0|([0-9]+(ms|s|m|h))+)$"}}}}}}),
+    "ScaledObject": custom("keda.sh/v1alpha1", "ScaledObject", {
+        "type": "object", "required": ["scaleTargetRef", "triggers"],
+        "additionalProperties": False, "properties": {
+            "scaleTargetRef": {"type": "object", "required": ["name"],
+                               "additionalProperties": False,
+                               "properties": {"name": {"type": "string"},
+                                              "kind": {"type": "string"},
+                                              "apiVersion": {"type": "string"}}},
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "fallback": {"type": "object", "required": ["failureThreshold", "replicas"],
+                         "additionalProperties": False,
+                         "properties": {"failureThreshold": {"type": "integer", "minimum": 1},
+                                        "replicas": {"type": "integer", "minimum": 1}}},
+            "advanced": {"type": "object", "additionalProperties": False, "properties": {
+                "horizontalPodAutoscalerConfig": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"behavior": {"type": "object"}}}}},
+            "triggers": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["type", "metadata"],
+                "additionalProperties": False, "properties": {
+                    "type": {"const": "prometheus"}, "name": {"type": "string"},
+                    "metadata": {"type": "object", "additionalProperties": False,
+                                 "required": ["serverAddress", "query", "threshold"],
+                                 "properties": {
+                                     "serverAddress": {"type": "string",
+                                                       "pattern": "^https?://"},
+                                     "query": {"type": "string"},
+                                     "threshold": {"type": "string",
+                                                   "pattern": r"^[0-9]+(\.[0-9]+)?$"}}}}}}}}),
+}
+
+
+def test_every_object_validates_against_the_kubernetes_schemas(
+        variant: str, no_network: None) -> None:
+    objects = rendered(variant)
+    for obj in objects:
+        if obj["kind"] in CUSTOM_SCHEMAS:
+            jsonschema.validate(obj, CUSTOM_SCHEMAS[obj["kind"]])
+            continue
+        for version in KUBERNETES:
+            kubernetes_validate.validate(obj, version, strict=True)
+    # The HPA behaviour KEDA hands to the HorizontalPodAutoscaler it creates: validated as
+    # part of a real autoscaling/v2 object.
+    scaled = one(objects, "ScaledObject")
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "keda-hpa"},
+           "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                       "name": scaled["spec"]["scaleTargetRef"]["name"]},
+                    "maxReplicas": scaled["spec"]["maxReplicaCount"],
+                    "behavior": scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"][
+                        "behavior"]}}
+    for version in KUBERNETES:
+        kubernetes_validate.validate(hpa, version, strict=True)
+
+
+def test_schema_validation_catches_mistakes(no_network: None) -> None:
+    """The checks above bite: a misspelt field, a wrong type, a missing required field."""
+    objects = rendered("base")
+    deployment = copy.deepcopy(one(objects, "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES[0], strict=True)
+    pdb = copy.deepcopy(one(objects, "PodDisruptionBudget"))
+    pdb["spec"]["maxUnavailable"] = [1]
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pdb, KUBERNETES[-1], strict=True)
+    scaled = copy.deepcopy(one(objects, "ScaledObject"))
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 16
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(scaled, CUSTOM_SCHEMAS["ScaledObject"])
+    monitor = copy.deepcopy(one(objects, "ServiceMonitor"))
+    monitor["spec"]["endpoints"][0]["targetport"] = "metrics"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(monitor, CUSTOM_SCHEMAS["ServiceMonitor"])
+
+
+# --- the config, as the pod sees it ---------------------------------------------------------
+
+def mounts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The container's mount paths -> the volume mounted there."""
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in container(objects)["volumeMounts"]}
+
+
+def mount_of(objects: list[dict[str, Any]], path: str) -> str | None:
+    """The mount path holding ``path`` (the deepest), else None."""
+    found = [m for m in mounts(objects) if path == m or path.startswith(m.rstrip("/") + "/")]
+    return max(found, key=len) if found else None
+
+
+def atomic_writer_dir(directory: Path, files: dict[str, bytes]) -> None:
+    """A directory laid out as the kubelet writes a Secret or ConfigMap volume: the files in
+    a timestamped directory, `..data` linking to it, and each name a link through `..data`."""
+    stamp = directory / "..2026_01_01_00_00_00.000000001"
+    stamp.mkdir(parents=True)
+    for name, content in files.items():
+        (stamp / name).write_bytes(content)
+    (directory / "..data").symlink_to(stamp.name)
+    for name in files:
+        (directory / name).symlink_to(f"..data/{name}")
+
+
+@pytest.fixture
+def pod_root(variant: str, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """The pod's filesystem under a temporary root: the ConfigMap, the two CURVE Secrets
+    (keys from `tfsupervisor keygen`, laid out as the kubelet does), the image's model
+    directory and the emptyDir volumes; and the config's text with every absolute path
+    moved under that root."""
+    objects = rendered(variant)
+    root = Path(f"/tmp/tfs-k8s-{os.getpid()}-{variant}")  # short: ipc paths are bounded
+    shutil.rmtree(root, ignore_errors=True)
+    keys = keygen(tmp_path / "keys")
+    text = config_text(objects)
+    for path, volume in mounts(objects).items():
+        target = root / path.lstrip("/")
+        if "secret" in volume:
+            name = volume["secret"]["secretName"]
+            files = {"tfsupervisor-curve-server": {
+                         "server.key_secret": keys["server_secret"].read_bytes()},
+                     "tfsupervisor-curve-clients": {
+                         "app.key": keys["client_public"].read_bytes()}}[name]
+            atomic_writer_dir(target, files)
+        elif "configMap" in volume:
+            atomic_writer_dir(target, {"config.yaml": b"placeholder"})
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+    for model in config_of(objects).models.values():
+        if model.saved_model:
+            assert model.saved_model.startswith(MODELS_IN_IMAGE + "/")
+            directory = root / model.saved_model.lstrip("/")
+            directory.mkdir(parents=True)
+            (directory / "saved_model.pb").write_bytes(b"stand-in: check looks for the file")
+    prefixes = sorted({*mounts(objects), MODELS_IN_IMAGE}, key=len, reverse=True)
+    pattern = "|".join(re.escape(p) for p in prefixes)
+    text = re.sub(rf"(?<![\w/])({pattern})(?=[/\s\"']|$)", lambda m: f"{root}{m.group(1)}",
+                  text, flags=re.M)
+    try:
+        yield root, text
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_configs_paths_are_what_the_pod_mounts(variant: str) -> None:
+    objects = rendered(variant)
+    config = config_of(objects)
+    sup = config.supervisor
+    emptydirs = [p for p, v in mounts(objects).items() if "emptyDir" in v]
+    runtime = str(config.runtime_dir)
+    # Under an emptyDir but not its mount point: the daemon sets the runtime directory's
+    # mode, which only its owner may, and a volume's mount point is root's.
+    holder = mount_of(objects, runtime)
+    assert holder in emptydirs and holder != runtime, (runtime, emptydirs)
+    assert sup.curve.server_secret_key and sup.curve.authorized_clients
+    for path, secret in ((sup.curve.server_secret_key, "tfsupervisor-curve-server"),
+                         (sup.curve.authorized_clients, "tfsupervisor-curve-clients")):
+        holder = mount_of(objects, path)
+        assert holder is not None, path
+        assert mounts(objects)[holder]["secret"]["secretName"] == secret
+    for model in config.models.values():  # built into the image (Dockerfile)
+        assert model.saved_model and model.saved_model.startswith(MODELS_IN_IMAGE + "/")
+        assert mount_of(objects, model.saved_model) is None  # not hidden by a volume
+    assert f"demo-model {MODELS_IN_IMAGE}/demo" in (REPO / "Dockerfile").read_text()
+    # The daemon reads the config where the ConfigMap is mounted.
+    args = container(objects)["args"]
+    assert args[args.index("-c") + 1] == f"{config_mount(objects)}/config.yaml"
+    for mount in container(objects)["volumeMounts"]:  # only the emptyDirs are written
+        assert mount.get("readOnly") or "emptyDir" in mounts(objects)[mount["mountPath"]]
+
+
+def test_the_configmaps_config_passes_check_in_the_pods_layout(
+        variant: str, pod_root: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`tfsupervisor check` on the ConfigMap's config: it validates, the key files and the
+    client key directory (Secrets, as the kubelet lays them out) are read whole, the model
+    directory holds a saved_model.pb, the runtime directory can be created."""
+    root, text = pod_root
+    config_file = root / config_mount(rendered(variant)).lstrip("/") / "config.yaml"
+    config_file.resolve().write_text(text)  # through ..data, as the kubelet wrote it
+    assert cli_main(["check", "-c", str(config_file)]) == 0, capsys.readouterr().err
+    assert "OK" in capsys.readouterr().out
+    config = load_config(config_file)
+    assert str(config.runtime_dir).startswith(str(root))  # every path was moved
+    # The daemon's own readers accept the Secret layout (links through ..data).
+    _, secret = load_certificate(config.supervisor.curve.server_secret_key or "")
+    assert secret is not None
+    keys = read_clients(config.supervisor.curve)
+    assert sum(len(v) for v in keys.values()) == 1  # app.key; ..data and its target skipped
+
+
+# --- resources, grace period, probes ---------------------------------------------------------
+
+def memory_problems(config: Config, resources: dict[str, Any]) -> list[str]:
+    """Why the container's memory does not fit the policy (empty when it does).
+
+    A worker's memory is bounded by its model's kill_memory (killed at the first poll over
+    it, so POLL_GROWTH more at most). With surge, a worker over max_memory is replaced at
+    once, however many cross it together: as many replacements as workers, each one also
+    bounded by kill_memory while it loads. The limit must hold all of that and the
+    supervisor's allowance, or a recycle could meet the cgroup limit (OOMKilled, with the
+    whole container). The request must hold every worker at max_memory (the steady state
+    at its worst before recycles start) and the allowance."""
+    problems = []
+    bound = 0
+    steady = 0
+    for name, model in config.models.items():
+        policy = model.policy
+        if policy.kill_memory is None or policy.max_memory is None:
+            problems.append(f"{name}: kill_memory and max_memory must be set in a pod")
+            continue
+        bound += model.workers * policy.kill_memory * (2 if policy.surge else 1)
+        steady += model.workers * policy.max_memory
+    limit = quantity(resources["limits"]["memory"])
+    request = quantity(resources["requests"]["memory"])
+    needed = bound * (1 + POLL_GROWTH) + SUPERVISOR_ALLOWANCE
+    if limit < needed:
+        problems.append(f"memory limit {limit / 2**20:.0f}MiB < {needed / 2**20:.0f}MiB")
+    if request < steady + SUPERVISOR_ALLOWANCE:
+        problems.append(f"memory request {request / 2**20:.0f}MiB < "
+                        f"{(steady + SUPERVISOR_ALLOWANCE) / 2**20:.0f}MiB")
+    if request > limit:
+        problems.append("memory request over the limit")
+    return problems
+
+
+def test_memory_requests_and_limits_match_the_policy(variant: str) -> None:
+    objects = rendered(variant)
+    config = config_of(objects)
+    resources = container(objects)["resources"]
+    assert memory_problems(config, resources) == []
+    # The check bites: one more worker, or a higher kill_memory, and the limit is short.
+    more = parse_config(config_text(objects).replace("workers: 2", "workers: 3"))
+    assert any("limit" in p for p in memory_problems(more, resources))
+    raised = re.sub(r"kill_memory: \S+", "kill_memory: 8GiB", config_text(objects))
+    assert any("limit" in p for p in memory_problems(parse_config(raised), resources))
+    assert memory_problems(parse_config(re.sub(r"\n +kill_memory: \S+", "",
+                                               config_text(objects))), resources)
+
+
+def test_the_grace_period_covers_the_drain(variant: str) -> None:
+    """terminationGracePeriodSeconds covers the preStop hook and the daemon's whole drain,
+    as the daemon itself computes it: shutdown_timeout for jobs, STOP_GRACE for workers,
+    EXIT_MARGIN for itself (the deadline it gives systemd too)."""
+    objects = rendered(variant)
+    config = config_of(objects)
+    core = Core(config)
+    core.shutdown(0.0, "SIGTERM")
+    deadline = core.shutdown_deadline()
+    assert deadline == config.supervisor.shutdown_timeout + STOP_GRACE + EXIT_MARGIN
+    grace = one(objects, "Deployment")["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"]
+    assert grace >= deadline + PRESTOP_MARGIN, (grace, deadline)
+    # The preStop hook gives up at its own default (shutdown_timeout + STOP_GRACE), which
+    # leaves the daemon its EXIT_MARGIN before the kubelet's SIGKILL.
+    hook = container(objects)["lifecycle"]["preStop"]["exec"]["command"]
+    args = build_parser().parse_args(hook[1:])
+    assert hook[0] == "tfsupervisor" and args.command == "drain" and args.timeout is None
+    assert args.config == f"{config_mount(objects)}/config.yaml"
+    assert config.supervisor.shutdown_timeout + STOP_GRACE + EXIT_MARGIN + PRESTOP_MARGIN \
+        <= grace
+    # The rollout never takes a pod away before its replacement is ready.
+    strategy = one(objects, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+    assert strategy == {"maxSurge": 1, "maxUnavailable": 0}
+    # Clients re-resolve the Service every RESOLVE_EVERY seconds (docs/deployment.md): a new
+    # pod is known to them before the next old one drains.
+    assert one(objects, "Deployment")["spec"]["minReadySeconds"] >= RESOLVE_EVERY + 5
+
+
+def probe(objects: list[dict[str, Any]], kind: str) -> tuple[dict[str, Any], Any]:
+    spec = container(objects)[kind]
+    command = spec["exec"]["command"]
+    assert command[0] == "tfsupervisor", command
+    return spec, build_parser().parse_args(command[1:])  # a real CLI command and flags
+
+
+def test_probes_ask_the_daemon_itself(variant: str) -> None:
+    objects = rendered(variant)
+    config = config_of(objects)
+    required = sorted(m for m, c in config.models.items() if c.required)
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        spec, args = probe(objects, kind)
+        assert args.command == "status" and args.control == config.supervisor.control, kind
+        # kubelet's exec timeout leaves the CLI its own timeout plus its start-up.
+        assert spec["timeoutSeconds"] >= args.timeout + 2, kind
+        if kind == "livenessProbe":
+            assert not args.ready  # alive: the loop answers, whatever the models do
+            # A wedged loop is restarted within a minute; a busy one is not.
+            assert 30 <= spec["periodSeconds"] * spec["failureThreshold"] <= 90
+        else:  # per model: each one the pod serves needs a ready worker
+            assert args.ready and sorted(args.model) == required, (kind, args.model)
+    startup, _ = probe(objects, "startupProbe")
+    # Loading may take the daemon's own start_timeout before it gives up on a worker.
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= \
+        config.supervisor.start_timeout
+
+
+def test_ports_and_selectors_line_up(variant: str) -> None:
+    objects = rendered(variant)
+    config = config_of(objects)
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    (endpoint,) = config.supervisor.endpoints
+    assert endpoint.startswith("tcp://0.0.0.0:") and config.supervisor.curve.enabled
+    assert ports["jobs"] == int(endpoint.rpartition(":")[2])
+    assert config.supervisor.metrics and ports["metrics"] == int(
+        config.supervisor.metrics.rpartition(":")[2])
+    deployment = one(objects, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert "replicas" not in deployment["spec"]  # the ScaledObject owns the count
+    service = one(objects, "Service")
+    assert service["spec"]["clusterIP"] == "None"  # headless: every pod's address
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+        "jobs": "jobs", "metrics": "metrics"}
+    pdb = one(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    scaled = one(objects, "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    assert scaled["spec"]["minReplicaCount"] >= 2  # one pod drains while another serves
+    assert quantity(pdb["spec"]["maxUnavailable"]) < scaled["spec"]["minReplicaCount"]
+
+
+def exported(config: Config) -> dict[str, set[str]]:
+    """Sample names the daemon's metrics registry exports for this config -> their labels."""
+    metrics = Metrics()
+    core = Core(config)
+    metrics.publish(core.pool, core.router)
+    found: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, set()).update(
+                f"{k}={v}" for k, v in sample.labels.items())
+    return found
+
+
+def test_scaling_triggers_read_queue_depth_the_daemon_exports(variant: str) -> None:
+    objects = rendered(variant)
+    config = config_of(objects)
+    series = exported(config)
+    namespace = one(objects, "Namespace")["metadata"]["name"]
+    service = one(objects, "Service")["metadata"]["name"]
+    models = []
+    for trigger in one(objects, "ScaledObject")["spec"]["triggers"]:
+        query = trigger["metadata"]["query"]
+        found = re.fullmatch(r"sum\((\w+)\{(.*)\}\)", query)
+        assert found, query
+        name, selector = found.groups()
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', selector))
+        assert name == "tfsupervisor_queue_depth"  # the queue, as the daemon counts it
+        assert f"model={labels['model']}" in series[name], (name, series.get(name))
+        # The labels Prometheus adds for the ServiceMonitor's targets.
+        assert labels["namespace"] == namespace and labels["service"] == service
+        assert set(labels) == {"model", "namespace", "service"}
+        assert float(trigger["metadata"]["threshold"]) > 0
+        models.append(labels["model"])
+    assert sorted(models) == sorted(config.models)  # one trigger per model
+
+
+def test_the_gpu_overlay_asks_for_a_gpu_its_workers_fit_on() -> None:
+    objects = rendered("gpu")
+    config = config_of(objects)
+    resources = container(objects)["resources"]
+    assert quantity(resources["limits"]["nvidia.com/gpu"]) == 1
+    assert container(objects)["image"].endswith("-gpu")
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        pod["tolerations"]
+    (term,) = pod["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (expression,) = term["matchExpressions"]
+    assert expression["key"] == "nvidia.com/gpu.memory" and expression["operator"] == "Gt"
+    card = (int(expression["values"][0]) + 1) * 1024**2  # MiB, as GPU feature discovery says
+    pools = 0
+    for model in config.models.values():
+        assert model.tf.gpu_memory_limit is not None  # a fixed pool per worker
+        pools += model.workers * model.tf.gpu_memory_limit * (2 if model.policy.surge else 1)
+    assert pools <= card, (pools, card)
+    base = rendered("base")
+    assert "nvidia.com/gpu" not in container(base)["resources"]["limits"]
