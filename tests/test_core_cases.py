@@ -648,3 +648,22 @@ def test_a_silence_the_supervisor_caused_is_not_a_hung_worker() -> None:
     assert not world.killed
     world.tick(timeout + 0.1)  # silent while the supervisor listened: hung
     assert world.killed == [("a-1", Reason.HUNG)]
+
+
+def test_a_second_sigterm_lets_the_drain_finish_and_a_second_sigint_forces() -> None:
+    """Kubernetes sends SIGTERM after the preStop hook that began the drain: it must not
+    turn a clean drain into killed workers and abandoned jobs. Ctrl-C twice still forces."""
+    for second, forced in (("SIGTERM", False), ("SIGINT", True)):
+        world = World()
+        world.ready("a-1")
+        key = world.request(valid("a", 1))
+        world.core.shutdown(world.now, "SIGTERM")
+        world.core.shutdown(world.now, second)
+        world.tick()
+        if forced:
+            assert world.code(key) == "timeout" and ("a-1", Reason.SHUTDOWN) in world.killed
+        else:
+            assert key not in world.replies and not world.killed
+            world.answer("a-1")
+            world.tick()
+            assert world.code(key) == "ok" and world.stopped == ["a-1"]

@@ -380,9 +380,16 @@ class Core:
         return self.recycler.request(model, worker_id, Reason.MANUAL)
 
     def shutdown(self, now: float, signal_name: str) -> None:
+        """Drain and stop. A second SIGINT (Ctrl-C again: a person who will not wait) forces
+        a fast exit; a second SIGTERM does not: the kubelet sends one after the preStop hook
+        that already began the drain, and a service manager may repeat its own."""
         if self.shutdown_started is not None:
-            log.warning("shutdown_forced", signal=signal_name)
-            self.fast_exit = True
+            if signal_name == "SIGINT":
+                log.warning("shutdown_forced", signal=signal_name)
+                self.fast_exit = True
+            else:
+                log.info("shutdown_under_way", signal=signal_name,
+                         pending_jobs=self.router.pending())
             return
         self.shutdown_started = now
         self.pool.spawning = False

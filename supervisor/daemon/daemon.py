@@ -219,6 +219,10 @@ class Daemon:
                                   partial(self.output.read, ready, self.clock()))
                 self._guarded("housekeeping_failed", self.housekeeping)
         finally:
+            # Done: a late SIGTERM (the kubelet's, after the preStop hook's drain) must not
+            # kill the exit. Python resets handlers to the default at exit, but not SIG_IGN.
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
             self._close()
         log.info("supervisor_stopped")
         return DaemonExit.OK
