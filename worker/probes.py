@@ -11,8 +11,9 @@ eager context (one more per trace), Python's allocated blocks, the native heap (
 mallinfo2) and TF's allocators. When Python's blocks or RSS have grown, at most once a
 minute, it takes a census: live objects by type, and the containers that grew with what
 they hold (found from the garbage collector's list and from the handler, which leads to the
-ones it does not track). Each sample ends in a new immutable
-:class:`~supervisor.shared.probes.Probes` the heartbeat thread sends as it is.
+ones it does not track), weighed in bytes from a sample of their items, so that the
+supervisor can tell a list of pointers from a cache of arrays. Each sample ends in a new
+immutable :class:`~supervisor.shared.probes.Probes` the heartbeat thread sends as it is.
 
 Cost and pacing
 ---------------

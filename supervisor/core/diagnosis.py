@@ -3,8 +3,10 @@
 Pure, like the policy: the worker's samples (memory and the probes its heartbeats carried,
 supervisor/shared/probes.py) in, a :class:`Diagnosis` out. The probes' slopes per 1k jobs are fitted
 over the same warmed-up window the trend is judged on, with the same robust estimator, and
-the rules below name the first cause whose evidence is clear. What each cause looks like and
-what fixes it is documented in docs/policy.md ("Why is my worker growing?").
+the rules below name the first cause whose evidence is clear. A cause put down to bytes is
+named only when the bytes it accounts for are a real share of the growth (growth_split:
+Python objects, native heap, TF allocator, other). What each cause looks like and what
+fixes it is documented in docs/policy.md ("Why is my worker growing?").
 
 A diagnosis is made only for a worker that is suspect: recycled or about to be for memory,
 or whose memory trend is confidently above a quarter of its growth limit. A worker that is
