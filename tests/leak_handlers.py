@@ -8,7 +8,9 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
   traces a new graph, kept for the life of the process. (A changing Python scalar argument
   is ``worker.tf_handlers:retracing``.)
 - ``python_hoard``: keeps a few small Python objects per call, forever.
-- ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it.
+- ``native_leak``: mallocs ``bytes_per_call`` through ctypes and never frees it; with
+  ``keep_pointers`` it also keeps each pointer, an int, in a list (one small Python object
+  a call, whose bytes are nothing beside the native ones).
 - ``array_cache``: keeps a 32 KiB numpy array per call in a dict that is never evicted.
 - ``keras_predict``: the demo MLP called with ``model.predict()`` per call.
 - ``keras_encoder_predict``: a Keras transformer encoder over ``input_ids: int32[None, None]``
@@ -78,11 +80,13 @@ class PythonHoard(_Dense):
 
 class NativeLeak(_Dense):
     """Mallocs ``bytes_per_call`` (touched, so resident) per call through ctypes; the
-    pointers are dropped, as a C extension that forgets a free would."""
+    pointers are dropped, as a C extension that forgets a free would, or with
+    ``keep_pointers`` appended to a list, as a wrapper that means to free them one day."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options, signature=True)
         self.size = int(options.get("bytes_per_call", 64 * 1024))
+        self.pointers: list[int] | None = [] if options.get("keep_pointers") else None
         libc = ctypes.CDLL(None)
         self.malloc = libc.malloc
         self.malloc.restype = ctypes.c_void_p
@@ -92,6 +96,8 @@ class NativeLeak(_Dense):
         pointer = self.malloc(self.size)
         if pointer:
             ctypes.memset(pointer, 1, self.size)
+            if self.pointers is not None:
+                self.pointers.append(pointer)
         return super().__call__(inputs)
 
 

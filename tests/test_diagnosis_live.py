@@ -69,6 +69,14 @@ def test_python_and_native_causes_named_and_healthy_left_alone(
     assert "model.predict()" not in found["hoard"]["remedy"]
     assert "C extension" in found["native"]["remedy"]
     assert "numpy.ndarray" in found["cache"]["summary"], found["cache"]
+    # the bytes each source explains: the list of pointers grows one int a job, the dict of
+    # arrays one 32 KiB array a job; the native heap holds both, Python keeps only the arrays
+    split = {name: found[name]["evidence"]["growth_split"] for name in ("pointers", "cache")}
+    pointers, cache = split["pointers"], split["cache"]
+    assert pointers["python_objects"] < 0.05 * pointers["memory"], split
+    assert pointers["native_heap"] > 0.5 * pointers["memory"], split
+    assert cache["python_objects"] > 0.5 * cache["memory"], split
+    assert "list of int" in json.dumps(found["pointers"]["evidence"]["growing_containers"])
     assert "healthy" not in found
     healthy = status["models"]["healthy"]
     assert healthy["recycles"] == {}, healthy

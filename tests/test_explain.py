@@ -38,9 +38,12 @@ def explain(w: World, model: Any) -> dict[str, Any]:
     return Controller(w.core, lambda: {}, lambda: True, lambda: True).explain(model)
 
 
-def grow(w: World, steps: int) -> None:
+def grow(w: World, steps: int, pointers: bool = False) -> None:
     """Each step: 10 jobs, 3 MiB more memory (300 MiB per 1k jobs), a cache holding one more
-    numpy array per job, and a heartbeat with the probes read after those jobs."""
+    numpy array per job, and a heartbeat with the probes read after those jobs. With
+    ``pointers``, the same memory is malloc'd by native code and the list that grows holds
+    each pointer, an int (36 bytes a job as the census weighs it)."""
+    held, per_item = ("list of int", 36) if pointers else ("dict of numpy.ndarray", 3 * MB // 10)
     for step in range(1, steps + 1):
         for _ in range(10):
             w.request(valid("a", 1))
@@ -50,8 +53,8 @@ def grow(w: World, steps: int) -> None:
             graphs=12, traced=(("serve", 1),), py_blocks=300_000 + 70 * step,
             native_heap=500 * MB + 3 * MB * step, shapes=1,
             top_shapes=(ShapeGrowth("x:float32[1,2]", 10 * step, 4096, 3 * MB * step),),
-            containers=(("dict of numpy.ndarray", 10 * step),), census_jobs=10 * step,
-            cost_seconds=1e-5 * step, jobs=10 * step))
+            containers=((held, 10 * step),), census_jobs=10 * step,
+            census_bytes=10 * step * per_item, cost_seconds=1e-5 * step, jobs=10 * step))
         w.tick(1.0)
         w.poll()
 
@@ -72,6 +75,28 @@ def test_explain_names_the_cause_with_its_evidence_and_prints_it() -> None:
     assert "containers growing (over 300 jobs): dict of numpy.ndarray +300 items" in text
     assert "lru_cache needs a maxsize" in text
     assert "input shapes that grew it most: x:float32[1,2]" in text
+    # the bytes are the native heap's, and the census weighed the arrays that hold them
+    assert worker["diagnosis"]["evidence"]["growth_split"] == worker["growth_split"]
+    assert "of +300.0MiB rss growth per 1k jobs: Python objects ~300.0MiB, native heap 800B, " \
+        "other 0B" in text, text
+
+
+def test_explain_shows_a_native_leak_whose_pointers_python_keeps_as_native() -> None:
+    """The list of pointers grows one item a job, but its bytes are nothing beside the
+    native heap's: the split says so, and the cause is the native heap."""
+    w = World(CONFIG)
+    w.memory["a-1"] = 600 * MB
+    w.ready("a-1")
+    grow(w, 30, pointers=True)
+    [worker] = explain(w, "a")["result"]["workers"]
+    assert worker["diagnosis"]["cause"] == "native_heap", worker["diagnosis"]
+    split = worker["growth_split"]
+    assert split["python_objects"] == 36 * 1000 and split["other"] == 0, split
+    assert split["native_heap"] == 300 * MB - 36 * 1000, split
+    text = render_explain(explain(w, "a")["result"])
+    assert "of +300.0MiB rss growth per 1k jobs: Python objects ~35.2KiB, native heap " \
+        "300.0MiB, other 0B" in text, text
+    assert "C extension" in text
 
 
 def test_explain_refuses_what_is_not_a_model_name() -> None:
@@ -95,7 +120,9 @@ def test_a_flat_worker_has_no_suspected_cause_in_explain() -> None:
         w.poll()
     report = explain(w, "a")["result"]
     assert report["workers"][0]["diagnosis"] is None
+    assert report["workers"][0]["growth_split"] is None  # nothing grows: nothing to split
     assert "no suspected cause" in render_explain(report)
+    assert "growth per 1k jobs:" not in render_explain(report)
 
 
 def test_an_idle_worker_has_no_per_job_trend_in_explain() -> None:

@@ -306,6 +306,81 @@ def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
     assert recorder.latest.containers == (("dict of numpy.ndarray", 1350),)
 
 
+def _census_twice(fake: Fake, between: Any) -> Probes:
+    """A growing worker's baseline census, ``between()`` (what it keeps), and the census
+    compared with it."""
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0, 10)
+    assert recorder.latest.census_bytes is None  # a baseline weighs nothing
+    between()
+    fake.rss += 20 * GROWING_BYTES
+    recorder.between(1.0 + GROWING_CENSUS_INTERVAL, 660)
+    assert fake.readings["objects"] == 2
+    return recorder.latest
+
+
+def test_a_census_weighs_what_the_growing_containers_hold(fake: Fake) -> None:
+    """A dict of 32 KiB arrays holds ~32 KiB a job; a list of pointers (ints), ~36 bytes:
+    counted in items, the two look alike."""
+    cache: dict[bytes, np.ndarray] = {}
+    pointers: list[int] = []
+    fake.objects = [cache, pointers]
+
+    def serve() -> None:
+        for i in range(650):
+            cache[i.to_bytes(8, "big")] = np.full(4096, float(i))
+            pointers.append(2**40 + i * 4096)
+    latest = _census_twice(fake, serve)
+    assert dict(latest.containers) == {"dict of numpy.ndarray": 650 - MIN_CONTAINER + 1,
+                                       "list of int": 650 - MIN_CONTAINER + 1}
+    per_item = (latest.census_bytes or 0) / (650 - MIN_CONTAINER + 1)  # a pair of items
+    assert 32 * 1024 + 36 < per_item < 33 * 1024, per_item  # an array and its key, an int
+
+    # the list of pointers alone
+    ints = list(pointers)
+    pointers.clear()
+    alone = _census_twice(Fake(objects=[pointers]), lambda: pointers.extend(ints))
+    assert alone.census_bytes in range(643 * 28, 643 * 50)
+
+
+def test_a_census_weighs_objects_that_hold_buffers_and_grew_in_number(fake: Fake) -> None:
+    """Objects holding buffers that the census counts by type (EagerTensors appended to a
+    list too large to follow, here numpy arrays in the collector's list): how many more,
+    times their mean size."""
+    fake.objects = [np.zeros(1024) for _ in range(10)]
+    latest = _census_twice(fake, lambda: fake.objects.extend(np.zeros(1024) for _ in range(500)))
+    assert ("numpy.ndarray", 500) in latest.census
+    assert 500 * 8192 <= (latest.census_bytes or 0) < 500 * 8400
+
+
+class EagerTensor:
+    """Named as TensorFlow's is: its buffer is TF's, not in its getsizeof."""
+
+    class _Shape:
+        def num_elements(self) -> int:
+            return 1000
+
+    class _Dtype:
+        size = 4
+
+    shape, dtype = _Shape(), _Dtype()
+
+
+EagerTensor.__module__ = "tensorflow.python.framework.ops"
+
+
+def test_own_bytes_counts_buffers_that_getsizeof_does_not() -> None:
+    array = np.zeros(1000)
+    assert wp.own_bytes(array) >= 8000 and wp.own_bytes(array[::2]) >= 4000  # a view too
+    assert wp.own_bytes(memoryview(bytes(5000))) >= 5000
+    assert wp.own_bytes(EagerTensor()) >= 4000
+    floats = [float(i) for i in range(100)]
+    assert wp.item_bytes(floats) >= sys.getsizeof(floats) + 100 * 24
+    row = {"values": floats}
+    assert wp.item_bytes(row) == sys.getsizeof(row) + sys.getsizeof(floats)  # one level deep
+
+
 def test_a_container_unknown_at_the_last_census_grew_from_under_the_smallest_kept(
         fake: Fake) -> None:
     cache: dict[int, np.ndarray] = {}
@@ -387,7 +462,8 @@ def test_census_counts_a_stride_of_many_objects_and_keeps_few_types(
     monkeypatch.setattr(wp, "MAX_TYPES", 3)
     objects: list[Any] = [{} for _ in range(6000)] + [[] for _ in range(3000)] + \
         [set() for _ in range(1000)] + [frozenset({i}) for i in range(10)]
-    counts = count_types(objects)
+    counts, buffers = count_types(objects)
+    assert buffers == {}  # none of them holds a buffer
     assert list(counts) == ["dict", "list", "set"]
     assert counts["dict"] == pytest.approx(6000, rel=0.05)
     assert counts["list"] == pytest.approx(3000, rel=0.05)
@@ -437,6 +513,8 @@ HOSTILE: list[Any] = [
     {"graphs": 10**400, "py_blocks": -(10**400), "native_heap": MAX_COUNT + 1,
      "cost_seconds": 10**400},
     {"graphs": -5, "shapes": 2.5, "cost_seconds": -1, "census": [["dict", -(10**30)]]},
+    {"census_bytes": math.nan, "census_jobs": 0}, {"census_bytes": -1, "census_jobs": -3},
+    {"census_bytes": 2**80, "census_jobs": "650"}, {"census_bytes": 1.5e9, "census_jobs": True},
     {"traced": "step", "top_shapes": "x", "census": {"dict": 1}},
     {"traced": [["step"], ["step", 1, 2], [1, 2], ["step", "3"], ["step", True],
                 ["step", 3.0], ("ok", 1), ["s" * 10**5, 2]]},
@@ -461,7 +539,7 @@ def test_from_wire_never_raises_and_bounds_everything(raw: Any) -> None:
 
 def _bounded(probes: Probes) -> None:
     for name in ("graphs", "py_blocks", "native_heap", "tf_allocator", "shapes", "jobs",
-                 "census_jobs"):
+                 "census_jobs", "census_bytes"):
         value = getattr(probes, name)
         assert value is None or (type(value) is int and 0 <= value <= MAX_COUNT), (name, value)
     for names in (probes.traced, probes.census, probes.containers):
@@ -496,6 +574,7 @@ wire_values = st.recursive(
     max_leaves=40)
 fields = st.sampled_from(["graphs", "traced", "py_blocks", "native_heap", "tf_allocator",
                           "shapes", "top_shapes", "census", "containers", "census_jobs",
+                          "census_bytes",
                           "cost_seconds", "jobs", "other"])
 
 

@@ -11,8 +11,9 @@ eager context (one more per trace), Python's allocated blocks, the native heap (
 mallinfo2) and TF's allocators. When Python's blocks or RSS have grown, at most once a
 minute, it takes a census: live objects by type, and the containers that grew with what
 they hold (found from the garbage collector's list and from the handler, which leads to the
-ones it does not track). Each sample ends in a new immutable
-:class:`~supervisor.shared.probes.Probes` the heartbeat thread sends as it is.
+ones it does not track), weighed in bytes from a sample of their items, so that the
+supervisor can tell a list of pointers from a cache of arrays. Each sample ends in a new
+immutable :class:`~supervisor.shared.probes.Probes` the heartbeat thread sends as it is.
 
 Cost and pacing
 ---------------
@@ -40,10 +41,12 @@ import builtins
 import collections
 import ctypes
 import dataclasses
+import functools
 import gc
 import heapq
 import itertools
 import math
+import operator
 import os
 import sys
 import time
@@ -55,7 +58,14 @@ from typing import Any
 import numpy as np
 
 from supervisor.shared import logs
-from supervisor.shared.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
+from supervisor.shared.probes import (
+    BUFFER_TYPES,
+    KERAS_STEPS,
+    MAX_NAME,
+    MAX_NAMES,
+    Probes,
+    ShapeGrowth,
+)
 from worker.runners import Runner
 
 # Input signatures kept with their batches and growth; more are counted, not kept.
@@ -108,6 +118,12 @@ CENSUS_SAMPLE = 200_000
 MAX_CENSUS_SECONDS = 0.5
 # Type names kept from one census to compare with the next (the most numerous ones).
 MAX_TYPES = 4096
+# What a census weighs, to say how many bytes what grew holds: of each growing container,
+# its newest SIZE_SAMPLE items, and of each of those that is a container, SIZE_INNER of what
+# it holds (one level deep: a row dict's values, a list's floats); of each type that holds a
+# buffer (BUFFER_TYPES) and grew, SIZE_SAMPLE live objects.
+SIZE_SAMPLE = 16
+SIZE_INNER = 32
 # Prefix of the eager context's name for each traced concrete function of a tf.function:
 # "__inference_<python name>_<uid>" (TF 2.21; "__wrapped__<Op>..." are single eager ops).
 TRACED_PREFIX = "__inference_"
@@ -294,7 +310,8 @@ class ProbeRecorder:
         self.latest = Probes(graphs=graphs, traced=names, py_blocks=blocks, native_heap=native,
                              tf_allocator=allocator, shapes=shapes, top_shapes=top_shapes,
                              census=self.census.grown, containers=self.census.containers,
-                             census_jobs=self.census.between_jobs, cost_seconds=self.cost,
+                             census_jobs=self.census.between_jobs,
+                             census_bytes=self.census.grown_bytes, cost_seconds=self.cost,
                              jobs=jobs)
 
     def close(self) -> None:
@@ -475,6 +492,7 @@ class Census:
     grown: tuple[tuple[str, int], ...] = ()  # the types that grew most, by count
     containers: tuple[tuple[str, int], ...] = ()  # the containers that grew most, by length
     between_jobs: int | None = None  # jobs between the last two censuses
+    grown_bytes: int | None = None  # what grew between them holds, estimated (census_bytes)
     compared: bool = False  # a census has been compared with an earlier one
     start_blocks: int | None = None  # py_blocks when first asked, before any census
     took: float = 0.0  # seconds the last census took
@@ -499,41 +517,70 @@ class Census:
              roots: Sequence[Any] = ()) -> None:
         start = clock()
         live = objects()
-        counts = count_types(live)
-        sizes, holding = largest_containers(live, self.sizes or {}, roots)
-        del live
-        self.took = clock() - start
+        counts, buffers = count_types(live)
+        sizes, holding, held = largest_containers(live, self.sizes or {}, roots,
+                                                  weigh=self.counts is not None)
         if self.counts is not None:
             deltas = ((name, n - self.counts.get(name, 0)) for name, n in counts.items())
             self.grown = _largest((name, d) for name, d in deltas if d > 0)
             self.containers = holding
             self.between_jobs = None if jobs is None or self.jobs is None else jobs - self.jobs
             self.compared = True
+            # A list of tensors and the tensors themselves are the same bytes: the larger.
+            self.grown_bytes = max(held, buffer_bytes(live, self.grown, buffers))
+        del live
+        self.took = clock() - start
         self.counts, self.blocks, self.sizes, self.jobs = counts, blocks or 0, sizes, jobs
         self.taken_at = now
         self.stopped = self.took > MAX_CENSUS_SECONDS
 
 
-def count_types(objects: list[Any]) -> dict[str, int]:
+def count_types(objects: list[Any]) -> tuple[dict[str, int], dict[str, type]]:
     """Live objects by type name (the MAX_TYPES most numerous); a stride of at most
-    CENSUS_SAMPLE of them when there are more, scaled back up."""
+    CENSUS_SAMPLE of them when there are more, scaled back up. And the types among them
+    that hold buffers (BUFFER_TYPES), by name."""
     stride = max(1, -(-len(objects) // CENSUS_SAMPLE))
     sample = objects[::stride] if stride > 1 else objects
     by_type = collections.Counter(map(type, sample))  # counted in C: names only per type
     del sample, objects  # the census must not keep every object alive
     named: collections.Counter[str] = collections.Counter()
+    buffers: dict[str, type] = {}
     for kind, n in by_type.items():
-        named[type_name(kind)] += n * stride
-    return dict(named.most_common(MAX_TYPES))
+        name = type_name(kind)
+        named[name] += n * stride
+        if name in BUFFER_TYPES:
+            buffers[name] = kind
+    return dict(named.most_common(MAX_TYPES)), buffers
+
+
+def buffer_bytes(objects: list[Any], grown: Iterable[tuple[str, int]],
+                 buffers: Mapping[str, type]) -> int:
+    """Bytes the objects holding buffers that grew in number hold (EagerTensors kept by a
+    list): how many more there are times the mean size of SIZE_SAMPLE of them."""
+    total = 0
+    for name, more in grown:
+        kind = buffers.get(name)
+        if kind is None or more <= 0:
+            continue
+        # found in C, stopping at SIZE_SAMPLE
+        sample = list(itertools.islice(itertools.compress(
+            objects, map(functools.partial(operator.is_, kind), map(type, objects))),
+            SIZE_SAMPLE))
+        if sample:
+            total += more * sum(map(own_bytes, sample)) // len(sample)
+    return total
 
 
 def largest_containers(objects: list[Any], before: dict[int, int], roots: Sequence[Any] = (),
-                       ) -> tuple[dict[int, int], tuple[tuple[str, int], ...]]:
+                       weigh: bool = True,
+                       ) -> tuple[dict[int, int], tuple[tuple[str, int], ...], int]:
     """The MAX_CONTAINERS largest containers' lengths by id, and those of them that grew
     since ``before`` (the last census's), described by what they hold: "dict of
-    numpy.ndarray", with the growth. A container not kept last time grew from just under
-    MIN_CONTAINER (or, if the table was full, from the smallest length kept): a lower bound.
-    ``roots``: where to look for containers the garbage collector does not list."""
+    numpy.ndarray", with the growth; and, with ``weigh``, the bytes they grew by (see
+    grown_bytes; not for a baseline, which is compared with nothing). A
+    container not kept last time grew from just under MIN_CONTAINER (or, if the table was
+    full, from the smallest length kept): a lower bound. ``roots``: where to look for
+    containers the garbage collector does not list."""
     # Iterated in C where it can be (compress, map, zip): a TF worker holds ~60k
     # containers among ~320k objects (~10k of MIN_CONTAINER items or more), and a Python
     # loop over them costs a census 40 ms or more.
@@ -555,8 +602,61 @@ def largest_containers(objects: list[Any], before: dict[int, int], roots: Sequen
     sizes = dict(zip(ids, lengths, strict=True))
     del found, deltas
     holding = tuple((f"{type_name(type(o))} of {held_type(o)}"[:MAX_NAME], d) for d, o in grew)
+    held = sum(grown_bytes(o, d) for d, o in grew) if weigh else 0
     del grew
-    return sizes, holding
+    return sizes, holding, held
+
+
+def grown_bytes(container: Any, more: int) -> int:
+    """The bytes a container that grew by ``more`` items holds in them: its own storage per
+    item, plus the mean size of its newest SIZE_SAMPLE items (a dict's keys and values), each
+    weighed one level deep (see item_bytes). An estimate: an object held twice is counted
+    twice, and nothing deeper than one level is."""
+    n = len(container)
+    if not n or more <= 0:
+        return 0
+    if isinstance(container, dict):
+        newest = list(itertools.islice(reversed(container.items()), SIZE_SAMPLE))
+        items = sum(own_bytes(k) + item_bytes(v) for k, v in newest)
+    else:
+        ordered = reversed(container) if isinstance(container, list | collections.deque) \
+            else container
+        newest = list(itertools.islice(ordered, SIZE_SAMPLE))
+        items = sum(map(item_bytes, newest))
+    per_item = sys.getsizeof(container) / n + (items / len(newest) if newest else 0)
+    return int(more * per_item)
+
+
+def item_bytes(value: Any) -> int:
+    """An item's own size, plus, for a container, that of what it holds (SIZE_INNER of its
+    items, scaled to its length): a logged request's dict with its values, a list of floats."""
+    size = own_bytes(value)
+    kind = type(value)
+    if kind in CONTAINER_TYPES or kind is tuple:
+        n = len(value)
+        values = value.values() if isinstance(value, dict) else value
+        inner = list(itertools.islice(values, SIZE_INNER))
+        if inner:
+            size += sum(map(own_bytes, inner)) * n // len(inner)
+    return size
+
+
+def own_bytes(value: Any) -> int:
+    """``sys.getsizeof``, plus the buffer of a numpy array or memoryview that does not own
+    it (an array's getsizeof counts the data it owns) or of an EagerTensor (its data is TF's);
+    asked of known types only: an arbitrary attribute read could run a handler's code."""
+    size = sys.getsizeof(value, 64)
+    kind = type(value)
+    if kind is np.ndarray:
+        return max(size, int(value.nbytes))
+    if kind is memoryview:
+        return size + int(value.nbytes)
+    if type_name(kind) == "tensorflow.python.framework.ops.EagerTensor":
+        try:
+            return size + int(value.shape.num_elements() or 0) * int(value.dtype.size)
+        except Exception:  # a TF whose tensors say it otherwise: their own size only
+            return size
+    return size
 
 
 def reachable_containers(roots: Sequence[Any], known: set[int]) -> list[Any]:

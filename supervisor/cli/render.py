@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config.units import format_duration, format_size
+from supervisor.core.diagnosis import Split
 from supervisor.core.reasons import ExitCause, Hold
 
 
@@ -94,7 +95,8 @@ def _signed(value: float | None) -> str:
 
 def render_explain(report: dict[str, Any]) -> str:
     """Per worker, in plain words: the suspected cause and its remedy, the probes' trends,
-    what was traced most, the input shapes that grew it most, the Python types growing."""
+    what accounts for the growth, what was traced most, the input shapes that grew it most,
+    the Python types growing."""
     lines = [f"model {report['model']} ({report['memory_metric']}), "
              f"{len(report['workers'])} worker process(es), replacements included"]
     last = report.get("last_recycle")
@@ -105,11 +107,11 @@ def render_explain(report: dict[str, Any]) -> str:
     for w in report["workers"]:
         lines += ["", f"{w['id']} (slot {w['slot']}, {w['state']}, {w['jobs']:,} jobs, memory "
                   f"{format_size(w['memory'])}, baseline {format_size(w['baseline'])})"]
-        lines += [f"  {line}" for line in _explain_worker(w)]
+        lines += [f"  {line}" for line in _explain_worker(w, report["memory_metric"])]
     return "\n".join(lines)
 
 
-def _explain_worker(w: dict[str, Any]) -> list[str]:
+def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
     found = w.get("diagnosis")
     out = [f"suspected cause: {found['cause']} - {found['summary']}",
            f"remedy: {found['remedy']}"] if found else \
@@ -127,6 +129,9 @@ def _explain_worker(w: dict[str, Any]) -> list[str]:
         out.append(f"per 1k jobs over the last {t['window_samples']} samples "
                    f"({t['window_jobs']:,} jobs): {', '.join(figures)}" if figures else
                    f"trends: not enough samples after warm-up yet ({t['window_samples']})")
+    split = Split.from_fields(w.get("growth_split"))
+    if split is not None and t["window_jobs"]:
+        out.append(split.text(metric))
     probes = w.get("probes") or {}
     if probes.get("traced"):
         out.append("traced most: " + ", ".join(f"{n} x{c:,}" for n, c in probes["traced"]))

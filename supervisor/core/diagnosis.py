@@ -3,8 +3,10 @@
 Pure, like the policy: the worker's samples (memory and the probes its heartbeats carried,
 supervisor/shared/probes.py) in, a :class:`Diagnosis` out. The probes' slopes per 1k jobs are fitted
 over the same warmed-up window the trend is judged on, with the same robust estimator, and
-the rules below name the first cause whose evidence is clear. What each cause looks like and
-what fixes it is documented in docs/policy.md ("Why is my worker growing?").
+the rules below name the first cause whose evidence is clear. A cause put down to bytes is
+named only when the bytes it accounts for are a real share of the growth (growth_split:
+Python objects, native heap, TF allocator, other). What each cause looks like and what
+fixes it is documented in docs/policy.md ("Why is my worker growing?").
 
 A diagnosis is made only for a worker that is suspect: recycled or about to be for memory,
 or whose memory trend is confidently above a quarter of its growth limit. A worker that is
@@ -13,6 +15,7 @@ flat has no suspected cause.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -32,7 +35,7 @@ from supervisor.core.policy import (
     warmed_up,
 )
 from supervisor.core.reasons import Reason
-from supervisor.shared.probes import KERAS_PREDICT_REMEDY, KERAS_STEPS, Probes
+from supervisor.shared.probes import BUFFER_TYPES, KERAS_PREDICT_REMEDY, KERAS_STEPS, Probes
 
 # New traced graphs (or new input signatures) per 1k jobs from which the growth is put down
 # to them: a model that traces once per shape it has not seen, over a bounded set of shapes,
@@ -46,11 +49,14 @@ PY_BLOCKS_PER_1K = 100.0
 # The most a live Python allocation can stand for when blocks are weighed against memory:
 # pymalloc serves objects up to 512 bytes; a native leak adds a few blocks per 1k jobs
 # (measured: 185 per 1k for 62 MB per 1k), a hoard of small objects tens of thousands.
+# pymalloc's arenas are mapped outside malloc, so the blocks can also stand for no more than
+# the memory growth the native heap does not account for (see growth_split).
 BLOCK_BYTES = 512
-# Python types whose objects hold native buffers: a growing count of them explains native
-# heap growth too (the fix is still the Python reference that keeps them).
-BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview",
-                "tensorflow.python.framework.ops.EagerTensor")
+# A cause put down to bytes, Python objects, is named only when the bytes Python keeps
+# (small objects, plus what the census weighed in the containers and buffers that grew)
+# are at least this share of the memory growth: a native leak whose handler also keeps
+# each pointer in a list grows a list by one int a job, ~36 bytes against kilobytes.
+SHARE = 0.25
 # ... and such objects, or the containers that keep objects (a cache, a list appended to),
 # are taken to hold what grows when they grew by at least this many per job between the
 # worker's last two censuses (one cached result per request is 1).
@@ -123,6 +129,87 @@ class Diagnosis:
     def fields(self) -> dict[str, Any]:
         return {"cause": self.cause.value, "summary": self.summary, "remedy": self.remedy,
                 "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class Split:
+    """What accounts for the memory growth, in bytes per 1k jobs over the window (None: not
+    measured by this worker). An estimate: the probes are read apart from memory, and the
+    Python part is bounded rather than counted."""
+
+    memory: float  # the memory metric's growth
+    # Live Python allocations (pymalloc: outside malloc) at BLOCK_BYTES each at most, and no
+    # more than the growth the native heap leaves; plus the bytes the census weighed in the
+    # containers and buffers that grew between its last two readings (on the native heap).
+    python_objects: float | None
+    native_heap: float | None  # malloc's bytes in use, less what Python keeps there
+    # TF's allocators: on a GPU, device memory (not in the memory metric); on a CPU, within
+    # the native heap. Shown, not added.
+    tf_allocator: float | None
+    other: float | None  # the rest: outside malloc's and pymalloc's view, or freed and kept
+
+    def fields(self) -> dict[str, float]:
+        out = {"memory": self.memory, "python_objects": self.python_objects,
+               "native_heap": self.native_heap, "tf_allocator": self.tf_allocator,
+               "other": self.other}
+        return {k: round(v) for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_fields(cls, raw: object) -> Split | None:
+        """Back from :meth:`fields` (as `explain` reports it); None if it is not one."""
+        if not isinstance(raw, dict):
+            return None
+        values = {k: v if isinstance(v, int | float) and not isinstance(v, bool) and
+                  math.isfinite(v) else None for k, v in raw.items()}
+        memory = values.get("memory")
+        if memory is None:
+            return None
+        return cls(memory, values.get("python_objects"), values.get("native_heap"),
+                   values.get("tf_allocator"), values.get("other"))
+
+    def text(self, metric: str = "memory") -> str:
+        """"of +250.0MiB memory growth per 1k jobs: Python objects ~36.0KiB, ..."."""
+        parts = [f"{label} {'~' if name == 'python_objects' else ''}{_size(value)}"
+                 for name, label in (("python_objects", "Python objects"),
+                                     ("native_heap", "native heap"), ("other", "other"))
+                 if (value := getattr(self, name)) is not None]
+        tf = "" if self.tf_allocator is None else \
+            f" (TF allocator {_size(self.tf_allocator)}, not in the sum)"
+        return (f"of +{_size(self.memory)} {metric} growth per 1k jobs: "
+                + (", ".join(parts) or "no probe measured") + tf)
+
+
+def growth_split(t: Trends, latest: Probes | None) -> Split | None:
+    """Where the growth went (see Split); None unless memory grows. Values a worker cannot
+    have sent sensibly (not finite, negative slopes of what only grows) count as 0 or
+    unmeasured, never as an error."""
+    memory = _finite(t.memory)
+    if memory is None or memory <= 0:
+        return None
+    native = _finite(t.native_heap)
+    heap = None if native is None else max(0.0, native)
+    blocks = _finite(t.py_blocks)
+    small = None if blocks is None else max(0.0, blocks) * BLOCK_BYTES
+    if small is not None and heap is not None:
+        small = min(small, max(0.0, memory - heap))
+    held = _census_per_1k(latest)
+    if held is not None:
+        held = min(held, heap if heap is not None else memory)
+    python = None if small is None and held is None else (small or 0.0) + (held or 0.0)
+    native_only = None if heap is None else heap - (held or 0.0)
+    other = None if heap is None else max(0.0, memory - (small or 0.0) - heap)
+    return Split(memory, python, native_only, _finite(t.tf_allocator), other)
+
+
+def _census_per_1k(latest: Probes | None) -> float | None:
+    """Bytes per 1k jobs the census weighed in what grew between its last two readings."""
+    if latest is None or latest.census_bytes is None or not latest.census_jobs:
+        return None
+    return max(0, latest.census_bytes) / latest.census_jobs * 1000
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> Trends:
@@ -207,9 +294,12 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
         return None
     found = trends(samples, facts, policy)
     latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
-    cause = _cause(found, reason, latest)
-    summary, remedy = _explain(cause, found, latest, life)
+    split = growth_split(found, latest)
+    cause = _cause(found, reason, latest, split)
+    summary, remedy = _explain(cause, found, latest, life, split)
     evidence = found.fields()
+    if split is not None:
+        evidence["growth_split"] = split.fields()
     if latest is not None:
         cost = latest.cost_per_job()
         if cost is not None:
@@ -226,9 +316,10 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     return Diagnosis(cause, summary, remedy, evidence)
 
 
-def _cause(t: Trends, reason: Reason | None,
-           latest: Probes | None = None) -> Cause:
-    """The first rule whose evidence is clear, most specific first."""
+def _cause(t: Trends, reason: Reason | None, latest: Probes | None = None,
+           split: Split | None = None) -> Cause:
+    """The first rule whose evidence is clear, most specific first; a cause put down to
+    bytes only when they explain a share of the growth."""
     if _steady(t.graphs, t.graphs_added):
         return Cause.RETRACING
     if _steady(t.shapes, t.shapes_added):
@@ -236,7 +327,7 @@ def _cause(t: Trends, reason: Reason | None,
     if reason in _VRAM:
         return Cause.VRAM_POOL
     growth = t.memory if t.memory is not None and t.memory > 0 else None
-    if _python_objects(t, growth, latest):
+    if _python_objects(t, growth, latest, split):
         return Cause.PYTHON_OBJECTS
     if growth is not None and t.tf_allocator is not None and t.tf_allocator >= EXPLAINS * growth:
         return Cause.TF_ALLOCATOR
@@ -247,18 +338,26 @@ def _cause(t: Trends, reason: Reason | None,
     return Cause.UNKNOWN
 
 
-def _python_objects(t: Trends, growth: float | None, latest: Probes | None) -> bool:
-    """Live Python allocations grow steadily and can account for the growth: as small
-    objects (BLOCK_BYTES each at most), or as buffers Python keeps (see _held)."""
+def _python_objects(t: Trends, growth: float | None, latest: Probes | None,
+                    split: Split | None) -> bool:
+    """Live Python allocations grow steadily, and the bytes Python keeps (small objects, and
+    what the census weighed in the containers and buffers that grew: see growth_split) are
+    SHARE of the growth or more. A worker that does not weigh its census (census_jobs
+    without census_bytes: older than that field) is judged as it was before: by counts."""
     if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
         return False
-    return _held(latest) or growth is None or t.py_blocks * BLOCK_BYTES >= EXPLAINS / 2 * growth
+    if growth is None:
+        return True
+    if latest is not None and latest.census_jobs and latest.census_bytes is None:
+        return _held(latest) or t.py_blocks * BLOCK_BYTES >= SHARE * growth
+    return split is not None and split.python_objects is not None and \
+        split.python_objects >= SHARE * growth
 
 
 def _held(latest: Probes | None) -> bool:
-    """Between the last two censuses, objects that hold buffers (numpy arrays, bytes,
-    tensors), or a container, grew by HOLD_PER_JOB per job or more: what grows is kept by
-    Python, even where the bytes are the native heap's."""
+    """(Older workers.) Between the last two censuses, objects that hold buffers (numpy
+    arrays, bytes, tensors), or a container, grew by HOLD_PER_JOB per job or more: what
+    grows is kept by Python, even where the bytes are the native heap's."""
     jobs = latest.census_jobs if latest is not None else None
     if latest is None or not jobs:
         return False
@@ -273,7 +372,7 @@ def _steady(per_1k: float | None, added: int | None) -> bool:
 
 
 def _explain(cause: Cause, t: Trends, latest: Probes | None,
-             life: Probes | None) -> tuple[str, str]:
+             life: Probes | None, split: Split | None = None) -> tuple[str, str]:
     """(summary, remedy) in plain words, with the names and figures that decided it."""
     if cause is Cause.RETRACING:
         name = f"`{latest.traced[0][0]}`" if latest and latest.traced else "a tf.function"
@@ -307,7 +406,9 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
                 "tf.gpu_memory_limit, keep memory growth on (tf.gpu_memory_growth), pad "
                 "inputs to fixed sizes, and bound it with policy.max_vram")
     if cause is Cause.NATIVE_HEAP:
-        heap, memory = t.native_heap or 0.0, t.memory or 0.0
+        heap = split.native_heap if split is not None and split.native_heap is not None \
+            else t.native_heap or 0.0
+        memory = t.memory or 0.0
         if heap >= EXPLAINS * memory:
             return (f"native heap: live native allocations grow {_size(heap)} per 1k jobs "
                     f"of {_size(memory)} memory growth",

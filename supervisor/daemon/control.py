@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.core.core import Core
-from supervisor.core.diagnosis import trends
+from supervisor.core.diagnosis import growth_split, trends
 from supervisor.core.policy import byte_limits, over_limits
 from supervisor.core.pool import WorkerHandle
 from supervisor.core.recycling import held_back
@@ -52,7 +52,9 @@ class Controller:
 
     def explain(self, model: object) -> dict[str, Any]:
         """Per worker of a model: the probes, their trends per 1k jobs over the trend
-        window, the input shapes that grew it most, and the suspected cause (read-only)."""
+        window, what accounts for the growth in bytes (Python objects, native heap, TF
+        allocator, other), the input shapes that grew it most, and the suspected cause
+        (read-only)."""
         state = self.core.pool.models.get(model) if isinstance(model, str) else None
         if state is None:
             return {"ok": False, "error": f"no model named {str(model)[:64]!r}"}
@@ -61,10 +63,13 @@ class Controller:
         for w in self.core.pool.of_model(state.name):
             found = trends(list(w.history), w.facts(), policy)
             probes = w.probes
+            split = growth_split(found, probes)
             workers.append({
                 "id": w.id, "slot": w.slot, "state": w.state.value, "jobs": w.jobs,
                 "memory": w.assessment.memory, "baseline": w.assessment.baseline,
                 "trends": found.fields(),
+                # what accounts for the growth, per 1k jobs (None: memory does not grow)
+                "growth_split": split.fields() if split else None,
                 "probes": probes.to_wire() if probes else None,
                 "probes_at_ready": w.ready_probes.to_wire() if w.ready_probes else None,
                 "probe_cost_per_job": probes.cost_per_job() if probes else None,

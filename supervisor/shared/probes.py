@@ -26,6 +26,11 @@ MAX_SECONDS = 1e12
 # ("one_step_on_data_distributed"), tf.keras 2 ("predict_function"). Traced in a worker,
 # they mean Keras's own predict loop runs there, per request.
 KERAS_STEPS = ("one_step_on_data", "multi_step_on_data", "predict_function", "test_function")
+# Python types whose objects hold native buffers (their bytes are the native heap's, kept by
+# Python): a census weighs them by those bytes, and a growing count of them is Python keeping
+# what the native heap grows by.
+BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview",
+                "tensorflow.python.framework.ops.EagerTensor")
 KERAS_PREDICT_REMEDY = ("call the model as model(x, training=False) inside one tf.function "
                         "with an input_signature instead")
 
@@ -78,6 +83,10 @@ class Probes:
     # with their growth in items; and the jobs answered between the two censuses.
     containers: tuple[tuple[str, int], ...] = ()
     census_jobs: int | None = None
+    # Bytes those containers (their items, one level deep, buffers included) and the
+    # growing objects that hold buffers gained between the two censuses: an estimate from
+    # a sample of their items (None: not said, a worker older than this field).
+    census_bytes: int | None = None
     # Seconds this worker has spent on probes (sampling and per-batch accounting).
     cost_seconds: float = 0.0
     # Jobs the worker had answered when these were read: readings are paced by their cost,
@@ -95,7 +104,7 @@ class Probes:
                 "top_shapes": [s.to_wire() for s in self.top_shapes],
                 "census": [list(c) for c in self.census],
                 "containers": [list(c) for c in self.containers],
-                "census_jobs": self.census_jobs,
+                "census_jobs": self.census_jobs, "census_bytes": self.census_bytes,
                 "cost_seconds": round(self.cost_seconds, 6), "jobs": self.jobs}
 
     @classmethod
@@ -118,6 +127,7 @@ class Probes:
             census=_named_counts(raw.get("census"), signed=True),
             containers=_named_counts(raw.get("containers")),
             census_jobs=_count(raw.get("census_jobs")),
+            census_bytes=_count(raw.get("census_bytes")),
             cost_seconds=_seconds(raw.get("cost_seconds")), jobs=_count(raw.get("jobs")))
 
 
