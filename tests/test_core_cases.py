@@ -667,3 +667,24 @@ def test_a_second_sigterm_lets_the_drain_finish_and_a_second_sigint_forces() -> 
             world.answer("a-1")
             world.tick()
             assert world.code(key) == "ok" and world.stopped == ["a-1"]
+
+
+def test_a_shutdown_during_a_recycle_keeps_the_leaving_worker_serving_the_queue() -> None:
+    """The worker on its way out serves on while its replacement loads; a shutdown then
+    must not stop it after its current job and leave the queue waiting for a replacement
+    that may never be ready within the budget."""
+    world = World()
+    world.ready("a-1")
+    world.core.recycle("a", None)
+    world.poll()
+    world.tick()
+    assert world.state("a-2") is State.STARTING  # the replacement, loading
+    keys = [world.request(valid("a", 1)) for _ in range(3)]
+    world.core.shutdown(world.now, "SIGTERM")
+    world.tick()
+    while not all(k in world.replies for k in keys):  # each batch answered, the next sent
+        assert world.batches.get("a-1"), "the leaving worker was sent nothing more"
+        world.answer("a-1")
+        world.tick(0.1)
+    assert all(world.code(k) == "ok" for k in keys)
+    assert "a-1" in world.stopped  # and then the shutdown stops it

@@ -217,8 +217,11 @@ class Lifecycle:
             self.kill(worker, Reason.DRAIN_TIMEOUT, now)
 
     def _advance(self, model: str, now: float) -> None:
-        """Surge: drain a replaced worker once a fresh one has taken its place (all of them
-        when no replacement is coming: shutdown)."""
+        """Surge: drain a replaced worker once a fresh one has taken its place. Not during a
+        shutdown: then every ready worker, leaving or not, serves the queue until the budget
+        ends (a replacement may still be loading), and the shutdown stops them all."""
+        if not self.pool.spawning:
+            return
         ready = self.pool.ready(model)
         replaced = [w for w in ready if w.leaving]
         if not replaced:
@@ -226,9 +229,6 @@ class Lifecycle:
         surplus = max(0, len(ready) - self.pool.models[model].config.workers)
         for worker in replaced[:surplus]:  # a fresh worker has taken each one's place
             self.drain(worker, worker.reason or Reason.MANUAL, now)
-        if not self.pool.spawning:  # shutdown: no replacement is coming for the others
-            for worker in replaced[surplus:]:
-                self.drain(worker, Reason.SHUTDOWN, now)
 
     def _retire_removed(self, model: str, now: float) -> None:
         """A model dropped by a reload: its ready workers finish its queue; with none left to
