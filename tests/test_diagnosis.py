@@ -347,3 +347,20 @@ def test_values_no_sane_worker_sends_never_break_the_split_or_the_cause() -> Non
                 {"memory": 1, "other": [1]}):
         assert Split.from_fields(raw) is None or Split.from_fields(raw) == Split(1, None, None,
                                                                                  None, None)
+
+
+def test_keras_predict_per_job_is_python_objects_even_when_the_bytes_are_native() -> None:
+    """What model.predict() per request leaves is Python objects (Keras's step, ops) that
+    hold native memory no census can weigh: the native heap may grow by more than the RSS.
+    The byte split alone named it native_heap (seen live, under load); the graphs Python
+    keeps say who holds the bytes."""
+    policy = dataclasses.replace(POLICY, max_growth_per_1k_jobs=2 * MB)
+
+    def probes(i: int) -> Probes:
+        return dataclasses.replace(
+            grows(py_blocks=16_000, native_heap=2_800_000)(i),
+            traced=(("one_step_on_data_distributed", 1),), census_bytes=0)
+
+    cause, summary, remedy = judge(series(2_200_000, probes), policy)
+    assert cause is Cause.PYTHON_OBJECTS, summary
+    assert "model.predict()" in remedy

@@ -346,12 +346,22 @@ def _python_objects(t: Trends, growth: float | None, latest: Probes | None,
     without census_bytes: older than that field) is judged as it was before: by counts."""
     if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
         return False
-    if growth is None:
+    if growth is None or _keeps_graphs(latest):
         return True
     if latest is not None and latest.census_jobs and latest.census_bytes is None:
         return _held(latest) or t.py_blocks * BLOCK_BYTES >= SHARE * growth
     return split is not None and split.python_objects is not None and \
         split.python_objects >= SHARE * growth
+
+
+def _keeps_graphs(latest: Probes | None) -> bool:
+    """Keras's predict step is traced here, or graph objects (Operations, FuncGraphs) lead
+    the census: Python keeps what TensorFlow built per request, and the bytes are the native
+    heap's, which no census can weigh. model.predict() per request looked like a native
+    leak to the byte split alone."""
+    return latest is not None and (
+        any(name.startswith(KERAS_STEPS) for name, _ in latest.traced)
+        or any(_graph_type(name) for name, _ in latest.census[:3]))
 
 
 def _held(latest: Probes | None) -> bool:
