@@ -7,13 +7,15 @@ data" with what is missing. No clock: the history's own ``now`` is the present.
 The rules (docs/policy.md, "Tuning from traffic"):
 
 - **Workers.** Each worker that served is read from its ready time on: its whole-life
-  series (coarsening with age) and its last samples at full resolution. Its *level* is the
-  median memory over the last quarter of its watched life; its *noise* the robust spread
-  (1.4826 x MAD) of its recent samples around their Theil-Sen line; its *band* the larger
-  of 4 x noise, 1 MiB and 0.5 % of the level. It has *levelled off* when it rose no more
-  than its band over the second half of its watched life (Theil-Sen against time), and it
-  must have been watched for two trend windows. A worker still rising is a slow warm-up or
-  a leak: it is reported, and left out of the limits.
+  series (evenly spaced, coarsening with age) for its level, rise and settling, and its last
+  samples at full resolution for its noise and trend windows. Its *level* is the median
+  memory over the last quarter of its watched life; its *noise* the robust spread (1.4826 x
+  MAD) of its recent samples around their Theil-Sen line; its *band* the largest of 4 x
+  noise, 1 MiB, 0.5 % of the level and 1.5 x the farthest its last quarter strayed from the
+  level (a plateau that breathes: caches filled and trimmed). It has *levelled off* when it
+  rose no more than its band over the second half of its watched life (Theil-Sen against
+  time), and it must have been watched for two trend windows. A worker still rising is a
+  slow warm-up or a leak: it is reported, and left out of the limits.
 - **warmup_seconds / warmup_jobs.** When a levelled worker last came up into its band
   (every later sample at or above level - band), since ready, in seconds and jobs: the
   slowest worker's, x WARMUP_MARGIN.
@@ -59,6 +61,7 @@ TREND_FLOOR = 4 * MIB  # the smallest trend limit suggested, per 1k jobs and per
 MIN_BAND = 1 * MIB
 BAND_NOISE = 4.0  # a level's band: this many noise sigmas (or MIN_BAND, or BAND_FRACTION)
 BAND_FRACTION = 0.005
+BAND_SPREAD = 1.5  # ... or half again as far as its last quarter strayed from the level
 MIN_BATCHES = 100  # batches sent before allowed_batch_sizes is suggested
 MIN_LENGTH_JOBS = 200  # jobs with a length before padding sizes are suggested
 MAX_SIZES = 16  # sizes a suggestion holds at most
@@ -291,19 +294,25 @@ def read_worker(series: WorkerSeries, window: int, poll: float,
                 cutoff: float | None) -> Worker:
     """Classify one worker (see the module's docstring)."""
     keep = (lambda s: s.t >= cutoff) if cutoff is not None else (lambda s: True)
-    every = sorted({s.t: s for s in (*series.life, *series.recent) if keep(s)}.values(),
-                   key=lambda s: s.t)
+    every = [s for s in (*series.life, *series.recent) if keep(s)]
     peak = max((s.memory for s in every), default=0)
-    after = tuple(s for s in every if s.t >= series.ready_at)
     recent = tuple(s for s in series.recent if s.t >= series.ready_at and keep(s))
+    # The life's points are evenly spaced (every stride-th sample): the level, the rise and
+    # the settling are read on them (and the last sample), so the dense recent samples do
+    # not outweigh the rest of the life.
+    after = tuple(s for s in series.life if s.t >= series.ready_at and keep(s))
+    if recent and (not after or recent[-1].t > after[-1].t):
+        after = (*after, recent[-1])
     watched = after[-1].t - after[0].t if len(after) >= 2 else 0.0
     worker = Worker(series.id, series.ready_at, series.reason, after, recent, peak, watched)
     if watched < 2 * window * poll or len(recent) < window:
         return worker
     end = after[-1].t
-    level = float(np.median([s.memory for s in after if s.t >= end - watched / 4]))
+    last = [s.memory for s in after if s.t >= end - watched / 4]
+    level = float(np.median(last))
     noise = _noise(recent)
-    band = max(BAND_NOISE * noise, MIN_BAND, BAND_FRACTION * level)
+    spread = max(abs(m - level) for m in last)
+    band = max(BAND_NOISE * noise, MIN_BAND, BAND_FRACTION * level, BAND_SPREAD * spread)
     second = [s for s in after if s.t >= end - watched / 2]
     slope = theil_sen(np.array([s.t for s in second]), np.array([s.memory for s in second],
                                                                   dtype=float)) or 0.0
