@@ -279,9 +279,10 @@ def test_allowed_batch_sizes_are_the_fewest_within_the_padding_target() -> None:
     finding = found(tuning, "batching", "allowed_batch_sizes")
     sizes = finding.value
     assert sizes[-1] == 8  # config requires max_batch_size among them
+    assert sizes[0] == 1  # the smallest batch seen is never padded
     assert padded_fraction(rows, sizes) <= 0.10
     # none with one size fewer does as well (every choice tried)
-    fewer = [[*c, 8] for c in itertools.combinations(range(1, 8), len(sizes) - 2)]
+    fewer = [[1, *c, 8] for c in itertools.combinations(range(2, 8), len(sizes) - 3)]
     assert all(padded_fraction(rows, c) > 0.10 for c in fewer)
     assert f"pad {padded_fraction(rows, sizes):.1%} of rows" in finding.evidence
     parse_config(CONFIG.replace("{max_batch_size: 32}",  # config takes it

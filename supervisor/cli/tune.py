@@ -109,7 +109,8 @@ def _run(args: argparse.Namespace, endpoint: str | None, curve: dict[str, Any]) 
         source = f"history {args.history}"
     else:
         assert endpoint is not None
-        raw = fetch(endpoint, args.model, args.timeout, curve)
+        raw = fetch(endpoint, [args.model] if args.model else sorted(config.models),
+                    args.timeout, curve)
         source = f"the daemon at {endpoint}"
     try:
         recorded = parse_history(raw)
@@ -134,20 +135,32 @@ def _run(args: argparse.Namespace, endpoint: str | None, curve: dict[str, Any]) 
     return 0
 
 
-def fetch(endpoint: str, model: str | None, timeout: float,
+def fetch(endpoint: str, models: list[str], timeout: float,
           curve: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's record, asked model by model (each answer stays well within a control
+    reply's bounds); a model the daemon does not serve (yet) is left out."""
     from supervisor.client.client import JobError, control
     from supervisor.shared.protocol import INTERNAL_HOP
 
-    try:
-        result = control(endpoint, "tune", timeout=timeout, model=model, limits=INTERNAL_HOP,
-                         **curve)
-    except JobError as exc:
-        raise TuneError(exc.message) from None
-    if not isinstance(result, dict):
-        raise TuneError(f"{endpoint}: the daemon's answer to 'tune' is not a history (an "
-                        "older tfsupervisor?)")
-    return result
+    merged: dict[str, Any] | None = None
+    for model in models:
+        try:
+            result = control(endpoint, "tune", timeout=timeout, model=model,
+                             limits=INTERNAL_HOP, **curve)
+        except JobError as exc:
+            if exc.message.startswith("no model named") and len(models) > 1:
+                continue
+            raise TuneError(exc.message) from None
+        if not isinstance(result, dict) or not isinstance(result.get("models"), dict):
+            raise TuneError(f"{endpoint}: the daemon's answer to 'tune' is not a history (an "
+                            "older tfsupervisor?)")
+        if merged is None:
+            merged = result
+        else:
+            merged["models"].update(result["models"])
+    if merged is None:
+        raise TuneError(f"{endpoint}: the daemon serves none of {', '.join(models)}")
+    return merged
 
 
 def read_history(path: Path) -> object:

@@ -28,7 +28,8 @@ The rules (docs/policy.md, "Tuning from traffic"):
   policy recycles only when a slope less 4 standard errors exceeds the limit, so a worker
   that behaves as it was seen to is never recycled for its trend.
 - **allowed_batch_sizes.** From the batch sizes sent (rows before padding): the fewest
-  sizes, max_batch_size among them (config requires it), whose padded rows are at most
+  sizes, max_batch_size among them (config requires it) and the smallest batch seen (an
+  idle service's single jobs are never padded), whose padded rows are at most
   ``max_padding`` of all rows sent.
 - **padding sizes.** Per variable-length input axis, from the length histogram: the fewest
   sizes, each a length that occurred, the longest among them (and the largest configured
@@ -477,13 +478,22 @@ def _trends(level: Sequence[Worker], rising: Sequence[Worker], window: int, poll
         return [_not_enough(p, "no worker levelled off (see max_memory)") for p in paths]
     slopes: list[tuple[float, float]] = []
     used = []
+    longest = 0.0
     for w in level:
-        after = [s for s in w.recent if s.t >= w.ready_at + warmup_seconds
-                 and s.jobs - w.samples[0].jobs >= warmup_jobs]
-        found = _windows(after, window)
+        def warm(samples: Sequence[Sample], w: Worker = w) -> list[Sample]:
+            return [s for s in samples if s.t >= w.ready_at + warmup_seconds
+                    and s.jobs - w.samples[0].jobs >= warmup_jobs]
+        # The recent samples at full resolution (the policy's own windows), and the life's
+        # evenly spaced points (windows as many points long, spanning more time: slow drifts)
+        found = _windows(warm(w.recent), window)
+        life = warm(w.samples)
+        found += _windows(life, window)
         if found:
             used.append(w.id)
             slopes += found
+        if len(life) >= window:
+            longest = max(longest, max(b.t - a.t for a, b in zip(
+                life, life[window - 1:], strict=False)))
     if not slopes:
         why = (f"no levelled worker has {window} recent samples (trend_window) after the "
                f"warm-up above; watch {window * poll:.0f}s more")
@@ -505,7 +515,9 @@ def _trends(level: Sequence[Worker], rising: Sequence[Worker], window: int, poll
                 if caught else "")
         findings.append(Finding(path, size_text(limit),
                                 f"steepest of {len(values)} windows of {window} samples on "
-                                f"{', '.join(used)} after warm-up: "
+                                f"{', '.join(used)} after warm-up (spanning "
+                                f"{window * poll:.0f}s to {max(longest, window * poll):.0f}s):"
+                                f" "
                                 f"{format_size(steepest)} {unit}; times {options.trend_margin:g}"
                                 f"{floor}{warn}"))
     return findings
@@ -522,10 +534,11 @@ def _rising_rate(w: Worker, index: int) -> float | None:
 # --- sizes ---------------------------------------------------------------------------------
 
 def fewest_sizes(groups: Sequence[tuple[int, int, int]], target: float, largest: int,
-                 max_sizes: int) -> tuple[list[int], float]:
+                 max_sizes: int, keep_first: bool = False) -> tuple[list[int], float]:
     """The fewest sizes (each a group's longest, and ``largest`` the last) whose padding is
     at most ``target`` of all padded elements, counting each group at its shortest; past
-    ``max_sizes`` the best that many can do. Returns (sizes, padded fraction)."""
+    ``max_sizes`` the best that many can do. ``keep_first``: the first group is a size of
+    its own. Returns (sizes, padded fraction)."""
     items = sorted(g for g in groups if g[2] > 0)
     if not items or items[-1][1] < largest:
         items.append((largest, largest, 0))
@@ -544,7 +557,8 @@ def fewest_sizes(groups: Sequence[tuple[int, int, int]], target: float, largest:
         return padded
 
     # best[k][j]: the least padding of groups 0..j with k + 1 sizes, the last highs[j]
-    best = [np.array([cost(np.array([0]), j)[0] for j in range(n)])]
+    best = [np.array([cost(np.array([0]), j)[0] if j == 0 or not keep_first else math.inf
+                      for j in range(n)])]
     choice: list[np.ndarray] = [np.full(n, -1)]
     for k in range(1, min(max_sizes, n)):
         if _fraction(best[-1][n - 1], real) <= target:
@@ -569,6 +583,8 @@ def fewest_sizes(groups: Sequence[tuple[int, int, int]], target: float, largest:
 
 
 def _fraction(padding: float, real: float) -> float:
+    if not math.isfinite(padding):
+        return 1.0
     total = padding + real
     return float(padding / total) if total > 0 else 0.0
 
@@ -590,8 +606,10 @@ def _batch_sizes(history: ModelHistory, config: ModelConfig, options: Options) -
     if sent < MIN_BATCHES:
         return [_not_enough(path, f"{sent} batches sent; need {MIN_BATCHES} "
                             f"({MIN_BATCHES - sent} more)")]
+    # The smallest batch is never padded: an idle service sends single jobs, and padding
+    # them would add to every quiet request's latency.
     sizes, padded = fewest_sizes([(r, r, n) for r, n in rows], options.max_padding, largest,
-                                 MAX_SIZES)
+                                 MAX_SIZES, keep_first=True)
     powers = sorted({min(2**i, largest) for i in range(largest.bit_length() + 1)})
     default = _padded([(r, r, n) for r, n in rows], powers)
     common = ", ".join(f"{r} ({n / sent:.0%})" for r, n in sorted(rows, key=lambda x: -x[1])[:4])
