@@ -357,15 +357,19 @@ def _replace(path: Path, text: str, keep_mode_of: Path | None) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file beside it, renamed over it),
     with the mode of the file it replaces; a symlink's target is what is replaced."""
     target = Path(os.path.realpath(path))
-    mode = stat.S_IMODE(os.stat(target).st_mode) if keep_mode_of and target.exists() else None
+    if keep_mode_of is not None and target.exists():
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    else:  # a new file: the mode open() would give it (mkstemp's is 0600)
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
