@@ -194,7 +194,10 @@ def read_history(path: Path) -> object:
 
 
 def save_history(path: Path, raw: object) -> None:
-    text = json.dumps(raw, separators=(",", ":"), allow_nan=False) + "\n"
+    try:
+        text = json.dumps(raw, separators=(",", ":"), allow_nan=False) + "\n"
+    except ValueError as exc:  # a NaN in the daemon's answer: a bug, said plainly
+        raise TuneError(f"the daemon's record cannot be saved as JSON: {exc}") from None
     try:
         _replace(path, text, None)
     except OSError as exc:
