@@ -259,6 +259,13 @@ def test_since_keeps_the_last_stretch_only() -> None:
     recent = tune(raw, options=Options(since=parse_duration("10m")))
     assert [f for f in recent.findings if f.path == ("note",)] == []  # the leaker ended earlier
     assert recent.summary.startswith("1 worker(s) that served (0 gone)")
+    assert found(recent, "policy", "warmup_seconds").value == \
+        found(tune(raw), "policy", "warmup_seconds").value
+    # a worker ready before the cutoff shows only part of its way up: no warm-up from it
+    late = tune(raw, options=Options(since=parse_duration("5m")))
+    assert found(late, "policy", "max_memory").value is not None
+    assert "no levelled worker became ready within --since" in \
+        found(late, "policy", "warmup_seconds").evidence
 
 
 # --- batch sizes ---------------------------------------------------------------------------

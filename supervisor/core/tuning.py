@@ -320,7 +320,8 @@ def read_worker(series: WorkerSeries, window: int, poll: float,
     rise = slope * (second[-1].t - second[0].t)
     state = "rising" if rise > band else "level"
     settled = None
-    if state == "level":
+    # (a worker ready before --since's cutoff shows only part of its way to the level)
+    if state == "level" and (cutoff is None or series.ready_at >= cutoff):
         index = len(after)
         while index > 0 and after[index - 1].memory >= level - band:
             index -= 1
@@ -402,13 +403,17 @@ def _warmup(level: Sequence[Worker], rising: Sequence[Worker], young: Sequence[W
     if not level:
         why = _no_level(rising, young, window, poll)
         return [_not_enough(p, why) for p in paths], None
-    slowest = max(level, key=lambda w: w.settled_after[0] if w.settled_after else 0.0)
-    seconds = max((w.settled_after[0] for w in level if w.settled_after), default=0.0)
-    jobs = max((w.settled_after[1] for w in level if w.settled_after), default=0)
-    resolution = max(_resolution(w) for w in level)
+    timed = [w for w in level if w.settled_after is not None]
+    if not timed:
+        why = "no levelled worker became ready within --since: its way up is not in it"
+        return [_not_enough(p, why) for p in paths], None
+    slowest = max(timed, key=lambda w: w.settled_after[0] if w.settled_after else 0.0)
+    seconds = max(w.settled_after[0] for w in timed if w.settled_after)
+    jobs = max(w.settled_after[1] for w in timed if w.settled_after)
+    resolution = max(_resolution(w) for w in timed)
     value_s = max(1, math.ceil(max(seconds * WARMUP_MARGIN, poll)))
     value_j = math.ceil(jobs * WARMUP_MARGIN)
-    where = (f"{len(level)} levelled worker(s): the slowest ({slowest.id}) stayed within "
+    where = (f"{len(timed)} levelled worker(s): the slowest ({slowest.id}) stayed within "
              f"{format_size(slowest.band)} of its level {format_size(slowest.level)} from "
              f"{seconds:.0f}s and {jobs:,} jobs after ready (samples {resolution:.1f}s apart "
              f"there)")
