@@ -240,6 +240,26 @@ def test_a_leak_is_left_out_of_the_limits_and_the_tuned_limit_catches_it() -> No
     assert policy.max_memory is not None and policy.max_memory < 700 * MiB
 
 
+def test_a_slow_leak_under_the_tuned_limit_is_called_out() -> None:
+    """A breathing plateau allows steep windows; a leak slower than they are would pass
+    under the limit: the evidence says so rather than implying it is caught."""
+    slow = record("m-1", lambda age: 540 * MiB + 60 * MiB * age / 3600, 900, seed=4)
+    healthy = record("m-2", breathing, 1200, start=0, seed=2)
+    tuning = tune(history([slow, healthy], now=1200))
+    evidence = found(tuning, "policy", "max_growth_per_hour").evidence
+    assert "WARNING: m-1" in evidence and "would pass under it" in evidence
+
+
+def test_kill_memory_stays_above_the_tuned_max_memory() -> None:
+    config = model_config(CONFIG + "    policy: {kill_memory: 600MiB}\n")
+    tuning = tune(history([record("m-1", breathing, 1200)], now=1200), config)
+    max_memory = parse_size(found(tuning, "policy", "max_memory").value)
+    kill = parse_size(found(tuning, "policy", "kill_memory").value)
+    assert max_memory > 600 * MiB and kill > max_memory
+    text = CONFIG + f"    policy: {{max_memory: {max_memory}, kill_memory: {kill}}}\n"
+    assert parse_config(text).models["m"].policy.kill_memory == kill  # check takes it
+
+
 def test_only_leaking_workers_give_no_limits() -> None:
     workers = [record(f"m-{i}", leak(20 * MiB / 1000), 400, start=400 * i, seed=i,
                       ended=True, reason="growth_per_1k_jobs", per_job=True)

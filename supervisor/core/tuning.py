@@ -356,7 +356,7 @@ def tune_model(name: str, history: ModelHistory, config: ModelConfig, recorded: 
                f"admitted since the daemon started; {len(level)} levelled off, "
                f"{len(rising)} still rising, {len(young)} watched too briefly")
     tuning = ModelTuning(name, summary)
-    tuning.findings += _workers_found(workers, window, poll)
+    tuning.findings += _workers_found(workers)
     warmup, settled = _warmup(level, rising, young, window, poll)
     tuning.findings += warmup
     tuning.findings += _max_memory(level, rising, young, config, options, window, poll)
@@ -377,7 +377,7 @@ def _watch_more(workers: Sequence[Worker], window: int, poll: float) -> str:
             f"{longest:.0f}s, {recent} samples ({max(0.0, need - longest):.0f}s more)")
 
 
-def _workers_found(workers: Sequence[Worker], window: int, poll: float) -> list[Finding]:
+def _workers_found(workers: Sequence[Worker]) -> list[Finding]:
     """Notes on workers that are not used (still rising): the evidence of a leak."""
     notes = []
     for w in workers:
