@@ -18,6 +18,8 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
   ramps over the first minute of mixed lengths, then levels off (bench/predict_ramp.py).
 - :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
   embedding, mean-pooled), to be served with many sequence lengths.
+- ``leak_on_demand``: ``native_leak`` for marked jobs only (first value >= 1000): a
+  plateau under ordinary traffic, a leak under marked traffic, in one worker.
 
 The Python and native leaks run a small traced model too (one graph, whatever the batch
 size), so their workers are TF workers whose graphs stay flat.
@@ -216,3 +218,26 @@ def save_embedding_model(path: str, vocab: int = 1000, dim: int = 32,
 
     module = Embedder()
     tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+
+
+class LeakOnDemand(NativeLeak):
+    """Healthy, until a job asks: a job whose first value is at least ``marker`` (1000)
+    mallocs ``bytes_per_call`` per row and never frees it. One worker thus shows a plateau
+    under ordinary traffic and a steady leak under marked traffic (tests/test_tuning_live.py)."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.marker = float(options.get("marker", 1000.0))
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        x = inputs["x"]
+        if x.size and float(x.flat[0]) >= self.marker:
+            for _ in range(x.shape[0]):
+                pointer = self.malloc(self.size)
+                if pointer:
+                    ctypes.memset(pointer, 1, self.size)
+        return _Dense.__call__(self, inputs)
+
+
+def leak_on_demand(options: dict[str, Any]) -> LeakOnDemand:
+    return LeakOnDemand(options)

@@ -41,14 +41,17 @@ from supervisor.config.keys import Config
 from supervisor.config.loading import parse_config
 from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.core.core import Core
-from supervisor.core.history import Reading
+from supervisor.core.history import LIFE_POINTS, Reading
 from supervisor.core.pool import State
 from supervisor.core.reasons import ExitCause, Reason
+from supervisor.core.traffic import MAX_AXES, PAST_WORKERS, RECENT_POINTS
+from supervisor.core.traffic import buckets as length_buckets
 from supervisor.daemon.metrics import slot_rows
 from supervisor.shared.exitcodes import WorkerExit
 from supervisor.shared.protocol import (
     HEARTBEAT,
     INFER,
+    MAX_BATCH_JOBS,
     MODELS,
     READY,
     RESULT,
@@ -593,6 +596,24 @@ class CoreMachine(RuleBasedStateMachine):
         assert len(keys) == len(set(keys))
         for name in pool.models:
             assert sum(1 for r in rows if r.model == name) <= 2 * WORKERS[name]
+
+    @invariant()
+    def what_tune_reads_stays_in_fixed_room(self) -> None:
+        """The record `tfsupervisor tune` reads (core/traffic.py, history.Life, the router's
+        batch sizes) is bounded whatever the traffic, the recycles and the uptime."""
+        pool, router = self.core.pool, self.core.router
+        for state in pool.models.values():
+            assert len(state.past) <= PAST_WORKERS
+            assert len(state.traffic.lengths) <= MAX_AXES
+            assert all(len(h.counts) <= length_buckets() for h in state.traffic.lengths.values())
+            for record in state.past:
+                assert len(record.life) <= LIFE_POINTS + 1 and len(record.recent) <= RECENT_POINTS
+        for worker in pool.workers.values():
+            assert len(worker.history.life.points) <= LIFE_POINTS + 1
+        for sizes in router.batch_rows.values():
+            assert len(sizes) <= MAX_BATCH_JOBS and all(1 <= k <= MAX_BATCH_JOBS or k == 0
+                                                        for k in sizes)
+        assert set(router.batch_rows) <= set(router.queues) | set(pool.models)
 
     # --- the end: a healthy world answers everything -------------------------------------
 

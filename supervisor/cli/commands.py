@@ -1,4 +1,4 @@
-"""The `tfsupervisor` command: run, check, infer, status, demo-model, schema."""
+"""The `tfsupervisor` command: run, check, infer, status, tune, demo-model, schema."""
 
 from __future__ import annotations
 
@@ -333,6 +333,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from supervisor.cli import tune
+
+    endpoint = None if args.history else _control_endpoint(args, admin=False)
+    return tune.run(args, endpoint, _curve_args(args))
+
+
 def cmd_recycle(args: argparse.Namespace) -> int:
     from supervisor.client.client import JobError, control
 
@@ -504,10 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
         if config:
             p.add_argument("-c", "--config", default=DEFAULT_CONFIG,
                            help=f"config file (default {DEFAULT_CONFIG})")
-        if name in ("infer", "status", "top", "explain", "recycle", "reload"):
+        if name in ("infer", "status", "top", "explain", "tune", "recycle", "reload"):
             p.add_argument("--server-key", help="server public certificate (CURVE over TCP)")
             p.add_argument("--client-cert", help="client secret certificate (CURVE over TCP)")
-        if name in ("status", "top", "explain"):
+        if name in ("status", "top", "explain", "tune"):
             p.add_argument("--control", metavar="ENDPOINT", help="the status endpoint "
                            "(default: supervisor.control of the config)")
         if name in ("recycle", "reload"):
@@ -550,6 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("model")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.add_argument("--timeout", type=float, default=5.0)
+    from supervisor.cli.tune import add_arguments as tune_arguments
+    tune_arguments(add("tune", cmd_tune, "Suggest each model's policy (warm-up, max_memory, "
+                       "trend limits) and batch and padding sizes from what its workers and "
+                       "traffic did, each value with its evidence; --write puts them into "
+                       "the config file."))
     recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
     recycle.add_argument("model")
     recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")

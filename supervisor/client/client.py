@@ -40,10 +40,12 @@ from supervisor.client.errors import (
 from supervisor.client.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.shared.protocol import (
     CONTROL,
+    DEFAULT_LIMITS,
     ERROR,
     INFER,
     MODELS,
     RESULT,
+    Limits,
     Message,
     decode,
     encode,
@@ -278,9 +280,10 @@ def refresh_deadline(msg: Message, deadline: float) -> None:
 
 def control(endpoint: str, command: str, timeout: float = 10.0, *,
             server_key: str | bytes | None = None, client_cert: str | None = None,
-            **args: Any) -> Any:
+            limits: Limits = DEFAULT_LIMITS, **args: Any) -> Any:
     """Send one control command (status, recycle, reload) and return its result; raises
-    JobError. A TCP control endpoint needs the CURVE keys."""
+    JobError. A TCP control endpoint needs the CURVE keys. ``limits``: what the reply may
+    hold (`tune`'s answer, a model's recorded history, is larger than a status)."""
     # An ipc endpoint with no socket file has no daemon behind it: say so now rather than
     # after the whole timeout (ZeroMQ would wait for the file to appear).
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
@@ -295,7 +298,7 @@ def control(endpoint: str, command: str, timeout: float = 10.0, *,
         if not sock.poll(int(timeout * 1000)):
             raise NoReply(f"no reply from {endpoint} within {timeout:g}s (is the supervisor "
                           "running?)")
-        reply = decode(sock.recv_multipart())
+        reply = decode(sock.recv_multipart(), limits)
     finally:
         sock.close(linger=0)
     if not reply.header.get("ok"):

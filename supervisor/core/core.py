@@ -121,6 +121,8 @@ class Core:
                          f"({type(exc).__name__})")
             return None
         if job is not None and self.router.submit(job):
+            state = self.pool.models[job.model]
+            state.traffic.admitted(job.inputs, state.inputs)  # for `tfsupervisor tune`
             return job.model
         return None
 

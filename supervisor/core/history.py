@@ -20,12 +20,41 @@ class Sample:
     probes: Probes | None = None  # the worker's latest probes at the time (its heartbeats)
 
 
+# Points a worker's whole-life series keeps (Life): its resolution coarsens with age instead.
+LIFE_POINTS = 128
+
+
+class Life:
+    """A worker's whole life in at most LIFE_POINTS samples (without probes): when full,
+    every other point is dropped and from then on only every other sample is kept, so the
+    series spans ready to now at a resolution that halves each time its length doubles.
+    ``tfsupervisor tune`` reads it for the time to a plateau, which the bounded recent
+    history (a few trend windows) cannot show."""
+
+    def __init__(self, cap: int = LIFE_POINTS) -> None:
+        self.cap = cap
+        self.points: list[Sample] = []
+        self.stride = 1  # every stride-th sample is kept
+        self.seen = 0
+
+    def add(self, sample: Sample) -> None:
+        index, self.seen = self.seen, self.seen + 1
+        if index % self.stride:
+            return
+        self.points.append(Sample(sample.t, sample.jobs, sample.memory, sample.vram))
+        if len(self.points) > self.cap:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+
 class History:
     def __init__(self, maxlen: int = 256) -> None:
         self._samples: deque[Sample] = deque(maxlen=maxlen)
+        self.life = Life()
 
     def add(self, sample: Sample) -> None:
         self._samples.append(sample)
+        self.life.add(sample)
 
     def __len__(self) -> int:
         return len(self._samples)

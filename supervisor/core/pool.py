@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -22,6 +23,7 @@ from supervisor.core.diagnosis import Cause, Diagnosis
 from supervisor.core.history import History
 from supervisor.core.policy import Assessment, WorkerFacts
 from supervisor.core.reasons import ExitCause, Reason
+from supervisor.core.traffic import PAST_WORKERS, Traffic, WorkerRecord
 from supervisor.shared import logs
 from supervisor.shared.exitcodes import describe_exit
 from supervisor.shared.padding import PadDim
@@ -135,6 +137,10 @@ class ModelState:
     removed: bool = False  # dropped by a reload: finish its queue, drain, spawn none
     exits: dict[ExitCause, int] = field(default_factory=dict)  # bounded: a closed set
     last_unexpected_exit: dict[str, Any] | None = None
+    # What `tfsupervisor tune` reads (supervisor/core/traffic.py), in fixed room: the jobs'
+    # lengths, and the last workers that served and are gone.
+    traffic: Traffic = field(default_factory=Traffic)
+    past: deque[WorkerRecord] = field(default_factory=lambda: deque(maxlen=PAST_WORKERS))
 
     @property
     def unavailable(self) -> bool:
@@ -279,6 +285,11 @@ class Pool:
     def count_exit(self, worker: WorkerHandle, cause: ExitCause, code: int, now: float) -> None:
         state = self.models[worker.model]
         state.exits[cause] = state.exits.get(cause, 0) + 1
+        if worker.ready_at is not None:  # it served: its memory says what serving costs
+            state.past.append(WorkerRecord.of(
+                worker.id, worker.started_at, worker.ready_at, now,
+                str(worker.reason) if worker.reason else cause.value, worker.jobs,
+                worker.history))
         if not cause.expected:
             state.last_unexpected_exit = {"cause": cause.value, "worker": worker.id,
                                           "pid": worker.pid, "slot": worker.slot,

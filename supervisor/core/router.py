@@ -22,6 +22,7 @@ from supervisor.core.expiries import Expiries
 from supervisor.core.jobs import Job
 from supervisor.shared.protocol import (
     DEADLINE_EXCEEDED,
+    MAX_BATCH_JOBS,
     OVERLOADED,
     WORKER_CRASHED,
     Message,
@@ -40,6 +41,10 @@ class Router:
         self.queues: dict[str, deque[Job]] = {}
         self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
         self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
+        # model -> rows -> batches sent with that many rows (before padding): what
+        # `tfsupervisor tune` derives allowed_batch_sizes from. Rows from MAX_BATCH_JOBS on
+        # share one key, so it holds at most MAX_BATCH_JOBS keys.
+        self.batch_rows: dict[str, dict[int, int]] = {}
         self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
         self.pending_bytes: dict[str, int] = {}
         self.expiries = Expiries()  # the earliest deadline of each model's queued jobs
@@ -117,6 +122,9 @@ class Router:
                 self.held.setdefault(worker_id, {})[job.id] = job
             count, total = self.batches.get(model, (0, 0))
             self.batches[model] = (count + 1, total + rows)
+            sizes = self.batch_rows.setdefault(model, {})
+            key = min(rows, MAX_BATCH_JOBS)
+            sizes[key] = sizes.get(key, 0) + 1
             pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
             self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now))
             sent += len(batch)
@@ -206,4 +214,5 @@ class Router:
             self.pending_jobs.pop(model, None)
             self.pending_bytes.pop(model, None)
             self.batches.pop(model, None)
+            self.batch_rows.pop(model, None)
 

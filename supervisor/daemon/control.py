@@ -11,6 +11,8 @@ from supervisor.core.diagnosis import growth_split, trends
 from supervisor.core.policy import byte_limits, over_limits
 from supervisor.core.pool import WorkerHandle
 from supervisor.core.recycling import held_back
+from supervisor.core.traffic import WorkerRecord
+from supervisor.core.tuning import HISTORY_FORMAT
 from supervisor.daemon.sampling import read_memory
 from supervisor.shared.protocol import TensorSpec
 
@@ -42,13 +44,15 @@ class Controller:
                     "admin_group or curve.admin_clients may reach"}
         if command == "explain":
             return self.explain(header.get("model"))
+        if command == "tune":
+            return self.tune(header.get("model"), now)
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
             self.reload(answer)
             return None
         return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
-                "explain, recycle, reload"}
+                "explain, tune, recycle, reload"}
 
     def explain(self, model: object) -> dict[str, Any]:
         """Per worker of a model: the probes, their trends per 1k jobs over the trend
@@ -79,6 +83,29 @@ class Controller:
                                        "last_recycle": state.last_recycle and
                                        {k: v for k, v in state.last_recycle.items()
                                         if k != "at"}}}
+
+    def tune(self, model: object, now: float) -> dict[str, Any]:
+        """What `tfsupervisor tune` derives a policy from (read-only, fixed size per model):
+        each worker's whole-life memory series and its last samples, the workers gone
+        lately, the batch sizes sent and the lengths of variable-length inputs. Times are
+        the daemon's monotonic seconds, ``now`` among them."""
+        pool = self.core.pool
+        if model is not None and (not isinstance(model, str) or model not in pool.models):
+            return {"ok": False, "error": f"no model named {str(model)[:64]!r} (served: "
+                    f"{', '.join(sorted(pool.models))})"}
+        names = [model] if isinstance(model, str) else list(pool.models)
+        models = {}
+        for name in names:
+            state = pool.models[name]
+            live = [WorkerRecord.of(w.id, w.started_at, w.ready_at, None, None, w.jobs,
+                                    w.history).to_wire()
+                    for w in pool.of_model(name) if w.ready_at is not None]
+            models[name] = {
+                "traffic": state.traffic.to_wire(self.core.router.batch_rows.get(name, {})),
+                "workers": live + [r.to_wire() for r in state.past]}
+        return {"ok": True, "result": {"format": HISTORY_FORMAT, "now": now,
+                                       "poll_interval": self.core.config.supervisor.poll_interval,
+                                       "models": models}}
 
     def recycle(self, model: object, worker: object) -> dict[str, Any]:
         if not isinstance(model, str) or not (worker is None or isinstance(worker, str)):
