@@ -72,8 +72,8 @@ def hog(options: dict[str, Any]) -> Hog:
 class Spawner(Echo):
     """Starts child processes, as handlers that shell out do: on a row marked 1.0 a child
     in the worker's process group that holds ``child_bytes``; on 2.0 one that escapes the
-    group (``setsid -f``: a new session, its parent gone at once). Each child's pid is
-    appended to the file ``pids``."""
+    group (``setsid``: a new session) and is orphaned once it has said its pid. Each
+    child's pid is appended to the file ``pids``."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
@@ -87,8 +87,12 @@ class Spawner(Echo):
                     f"open({self.pids!r}, 'a').write(f'held {{os.getpid()}}\\n'); time.sleep(600)")
             subprocess.Popen([sys.executable, "-c", hold])
         elif mark == 2.0:
-            escape = (f"echo escaped $$ >> {self.pids}; exec sleep 600")
-            subprocess.run(["setsid", "-f", "sh", "-c", escape], check=True)
+            # The escaper says its pid before its parent exits and leaves it an orphan
+            # (once it is one, the supervisor may kill it at any moment).
+            escaper = f"echo escaped $$ >> {self.pids}; exec sleep 600"
+            script = (f"setsid sh -c '{escaper}' & "
+                      f"until grep -qs escaped {self.pids}; do sleep 0.05; done")
+            subprocess.run(["sh", "-c", script], check=True, timeout=60)
         return super().respond(inputs)
 
 
