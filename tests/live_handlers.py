@@ -93,6 +93,13 @@ class Spawner(Echo):
             script = (f"setsid sh -c '{escaper}' & "
                       f"until grep -qs escaped {self.pids}; do sleep 0.05; done")
             subprocess.run(["sh", "-c", script], check=True, timeout=60)
+        elif mark == 3.0:
+            # The same with an empty environment (no TFSUPERVISOR_TREE mark), its parent
+            # staying until the file ``pids``.release exists: the supervisor has seen it.
+            bare = f"echo bare $$ >> {self.pids}; exec sleep 600"
+            script = (f"env -i setsid sh -c '{bare}' & "
+                      f"until [ -e {self.pids}.release ]; do sleep 0.05; done")
+            subprocess.Popen(["sh", "-c", script])
         return super().respond(inputs)
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import jsonschema
@@ -437,3 +438,20 @@ def test_values_that_could_never_serve_are_refused(text: str, message: str) -> N
     base = "" if text.startswith("models") else MINIMAL
     errors = "\n".join(errors_of(base + text))
     assert message in errors
+
+
+def test_aliases_that_expand_past_any_config_are_refused_at_once() -> None:
+    """A 500-byte file of aliases nested seven deep is ten million values: each worker
+    spawn expanded it (its options travel as JSON), froze the daemon's loop for seconds and
+    failed with E2BIG. check and reload refuse it, without expanding it."""
+    levels = ["      a0: &a0 [" + ", ".join(["x"] * 10) + "]"]
+    levels += [f"      a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    text = "models:\n  m:\n    handler: worker.handlers:echo\n    options:\n" + \
+        "\n".join(levels) + "\n"
+    started = time.monotonic()
+    with pytest.raises(ConfigErrors, match="expands to more than 100,000 values"):
+        parse_config(text)
+    assert time.monotonic() - started < 5
+    shared = "models:\n  m:\n    handler: worker.handlers:echo\n    options:\n" + \
+        "\n".join(levels[:3]) + "\n"  # a thousand values through aliases: fine
+    parse_config(shared)

@@ -688,3 +688,20 @@ def test_a_shutdown_during_a_recycle_keeps_the_leaving_worker_serving_the_queue(
         world.tick(0.1)
     assert all(world.code(k) == "ok" for k in keys)
     assert "a-1" in world.stopped  # and then the shutdown stops it
+
+
+def test_a_retry_started_before_the_fix_failing_after_it_is_not_the_fix_failing() -> None:
+    """An operator fixes the file the config points at (a model, a package) and reloads
+    the same config: the model is retried as a new generation. A back-off retry that
+    loaded the broken file and fails after that reload must not read as the fix failing
+    (reload --wait said so whenever a retry was loading, which for a slow model is most of
+    the time)."""
+    world = World()
+    world.exit("a-1", WorkerExit.LOAD_ERROR)  # broken file
+    state = world.core.pool.models["a"]
+    world.tick(state.backoff_until - world.now + 0.1)
+    (probe,) = [w.id for w in world.core.pool.of_model("a") if w.state is State.STARTING]
+    path = Path("/tmp/tfs-core-cases/config.yaml")
+    assert world.core.reload(parse_config(BASE, path), world.now).retried == ["a"]
+    world.exit(probe, WorkerExit.LOAD_ERROR)  # it had loaded the broken file
+    assert state.last_error is None and state.failures == 0 and not state.unavailable

@@ -560,3 +560,45 @@ def test_a_config_on_a_hung_mount_freezes_nothing() -> None:
         assert '"worker_hung"' not in sup.log()
     finally:
         sup.stop()
+
+
+def test_a_removal_applies_while_the_config_read_hangs(keys: Path) -> None:
+    """The keys are read before the config file, and apply even when that read then hangs;
+    a reload refused because a read is stuck still re-reads the keys."""
+    shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
+    shutil.copy(keys / "admin.key", keys / "authorized_clients" / "admin.key")
+    endpoint = f"tcp://127.0.0.1:{_port()}"
+    config = {"supervisor": {"endpoints": [endpoint], "curve": {
+        "server_secret_key": str(keys / "server.key_secret"),
+        "authorized_clients": str(keys / "authorized_clients")}},
+        "models": {"m": echo_model(1)}}
+    sup = start_supervisor(config, wrapper=[sys.executable, str(Path(__file__).parent /
+                                                                "slow_fs.py")])
+
+    def admitted(name: str) -> bool:
+        with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
+                    client_cert=str(keys / f"{name}.key_secret")) as client:
+            try:
+                return bool(client.infer("m", X)["x"].shape == (1, 4))
+            except NoReply:
+                return False
+
+    try:
+        sup.wait_ready()
+        assert admitted("stranger") and admitted("admin")
+        (keys / "authorized_clients" / "stranger.key").unlink()
+        hang = sup.config_path.parent / "HANG"
+        hang.touch()
+        out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint)
+        assert out.returncode == 1 and "the client keys were re-read" in out.stderr, out
+        assert not admitted("stranger") and admitted("client")
+        (keys / "authorized_clients" / "admin.key").unlink()  # while the read is stuck
+        out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint)
+        assert out.returncode == 1 and "has not returned" in out.stderr, out
+        deadline = time.monotonic() + 30
+        while admitted("admin"):
+            assert time.monotonic() < deadline, "the removal never applied"
+        assert admitted("client")
+        hang.unlink()
+    finally:
+        sup.stop()

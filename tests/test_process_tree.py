@@ -70,7 +70,7 @@ def test_a_tree_is_found_whole_and_counted() -> None:
                             process_group=0)
     try:
         trees = Trees()
-        wait_until(lambda: (trees.refresh([root.pid]), len(trees.of(root.pid)) == 3)[1],
+        wait_until(lambda: (trees.refresh({root.pid: "w"}), len(trees.of(root.pid)) == 3)[1],
                    "a child, a subshell and its child")
         alone = read_memory(root.pid, "rss")
         together = read_memory(root.pid, "rss", trees.of(root.pid))
@@ -92,7 +92,7 @@ def test_take_down_reaches_a_descendant_that_left_the_group() -> None:
         trees = Trees()
 
         def left_group() -> bool:
-            trees.refresh([root.pid])
+            trees.refresh({root.pid: "w"})
             members = [read_proc(p) for p in trees.of(root.pid)]
             return any(m is not None and m.pgid != root.pid for m in members)
 
@@ -164,3 +164,26 @@ def test_an_escaped_descendant_is_killed_and_reported_and_stop_leaves_nothing(
     (held,) = pids_in(pids, "held")
     assert sup.stop() == 0
     wait_until(lambda: not running(held), "the child killed when the daemon stops")
+
+
+def test_a_descendant_seen_in_the_tree_that_escapes_without_its_mark_is_killed(
+        supervisor_factory: Any, tmp_path: Path) -> None:
+    """A child that cleared its environment carries no TFSUPERVISOR_TREE mark; once seen in
+    a worker's tree it is known by pid and start time when it turns up orphaned outside
+    the group."""
+    pids = tmp_path / "pids"
+    sup = supervisor_factory(spawner_config(pids))
+    mark(sup, 3.0)
+    wait_until(lambda: len(pids_in(pids, "bare")) == 1, "the bare child")
+    (bare,) = pids_in(pids, "bare")
+    born = time.monotonic()
+
+    def polled_since_born() -> bool:
+        asked = time.monotonic()  # before the question: the sample is no later than this
+        ago = sup.workers("sp")[0]["sampled_ago"]
+        return ago is not None and asked - ago > born
+
+    wait_until(polled_since_born, "a memory poll after the child was born", timeout=30)
+    Path(f"{pids}.release").touch()  # its parent exits: an orphan outside the group
+    wait_until(lambda: gone(bare), "the unmarked escaped child killed and reaped")
+    assert '"descendant_escaped"' in sup.log()

@@ -36,8 +36,11 @@ from supervisor.config.settings import (
     section_schema,
 )
 
-# A config file larger than this is not a config file (and is not read whole into memory).
-MAX_CONFIG_BYTES = 16 * 1024**2
+# A config file larger than this is not a config file (and is not read whole into memory):
+# a real one is a few KiB, and parsing 16 MiB of YAML took half a minute of CPU.
+MAX_CONFIG_BYTES = 1024**2
+# Values a config may hold once its YAML aliases are expanded (a real one holds hundreds).
+MAX_CONFIG_VALUES = 100_000
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -100,6 +103,33 @@ def _text(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def expanded_size(value: object, limit: int) -> int:
+    """How many values ``value`` holds once YAML aliases are expanded, counted up to just
+    past ``limit``. A 524-byte file of aliases nested seven deep is 10 million values: each
+    worker spawn expanded it (its options travel as JSON), froze the loop for 16 s and then
+    failed with E2BIG. Shared nodes are sized once (memo by id), so this is cheap whatever
+    the nesting."""
+    memo: dict[int, int] = {}
+
+    def size(node: object) -> int:
+        if id(node) in memo:
+            return memo[id(node)]
+        total = 1
+        children = node.values() if isinstance(node, dict) else \
+            node if isinstance(node, list) else ()
+        for child in children:
+            total += size(child)
+            if total > limit:
+                break
+        memo[id(node)] = total
+        return total
+
+    try:
+        return size(value)
+    except RecursionError:
+        return limit + 1
+
+
 def _parse_config(text: str, file: Path | None) -> Config:
     try:
         raw = yaml.safe_load(text)
@@ -113,6 +143,11 @@ def _parse_config(text: str, file: Path | None) -> Config:
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigErrors([ConfigError("", "expected a mapping at the top of the file")])
+    if (size := expanded_size(raw, MAX_CONFIG_VALUES)) > MAX_CONFIG_VALUES:
+        raise ConfigErrors([ConfigError("", f"the file expands to more than "
+                                        f"{MAX_CONFIG_VALUES:,} values through YAML aliases "
+                                        f"(an anchor used over and over: {size:,} at least); "
+                                        "not a config file")])
     errors: list[ConfigError] = []
     try:
         top = parse_section(RawConfig, _with_default_policy(raw), "")

@@ -460,7 +460,8 @@ class Core:
         changes.retried = [name for name, state in self.pool.models.items()
                            if state.failures and not state.removed
                            and name not in changes.replaced and name in config.models]
-        for name in changes.retried:
+        for name in changes.retried:  # files it points at may be fixed: a new generation
+            self.pool.models[name].generation += 1
             self._retry_at_once(name)
         for name in changes.removed:
             if name in self.pool.models:

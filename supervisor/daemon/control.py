@@ -161,6 +161,8 @@ class Controller:
                 "pid": worker.pid, "state": worker.state.value,
                 "rss": read_memory(worker.pid, "rss") if worker.pid else None,
                 "memory": last.memory if last else None,
+                # how old that reading is: memory and vram are as of then
+                "sampled_ago": round(now - last.t, 3) if last else None,
                 "vram": last.vram if last else None,
                 # absolute limits its last sample is at or over (so it is on its way out)
                 "over_limits": [str(r) for r, _, _ in over_limits(

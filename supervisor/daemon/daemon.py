@@ -218,6 +218,7 @@ class Daemon:
                     self._guarded("worker_output_failed",
                                   partial(self.output.read, ready, self.clock()))
                 self._guarded("housekeeping_failed", self.housekeeping)
+                self._stalled(self.clock() - self.turn_started)  # housekeeping's own share
         finally:
             # Done: a late SIGTERM (the kubelet's, after the preStop hook's drain) must not
             # kill the exit. Python resets handlers to the default at exit, but not SIG_IGN.
@@ -319,7 +320,7 @@ class Daemon:
                 os.waitpid(pid, os.WNOHANG)
 
     def _find_trees(self) -> None:
-        for escaped in self.trees.refresh([p.pid for p in self.processes.values()]):
+        for escaped in self.trees.refresh({p.pid: w for w, p in self.processes.items()}):
             log.warning("descendant_escaped", worker=escaped.worker_id, pid=escaped.proc.pid,
                         killed=escaped.killed,
                         hint="it left the worker's process group; killed with what it started")
@@ -491,6 +492,8 @@ class Daemon:
     def _reload_done(self, now: float) -> None:
         if self.config.path is None:
             return
+        if (keys := self.reloader.keys_read()) is not None:
+            self._install_keys(keys)
         outcome = self.reloader.outcome(self.config.path, self._key_dirs(), now)
         if outcome is not None:
             self._answer_reload(self._apply(outcome), outcome.answers)
@@ -504,12 +507,14 @@ class Daemon:
         """What a finished read found, applied in place: the keys whatever the config file
         holds (a removal always applies), then the config if it validated."""
         read = outcome.read
+        note = self._install_keys(read)  # read before the config, even if that then hung
         if outcome.timed_out:
-            error = (f"reading {read.path} took longer than {self.reloader.timeout:g}s (its "
-                     "file system does not answer: a hung mount?); nothing was changed")
+            error = (f"reading {read.path} took longer than {self.reloader.timeout:g}s (a "
+                     "file system that does not answer, a hung mount, or a file too large to "
+                     "parse); the config was not changed" +
+                     (", the client keys were re-read and apply" if read.keys else ""))
             log.error("config_rejected", path=str(read.path), errors=[error])
             return {"ok": False, "error": f"config rejected, running config kept: {error}"}
-        note = self._install_keys(read)
         if read.error is not None or read.config is None:
             messages = [str(e) for e in read.error.errors] \
                 if isinstance(read.error, ConfigErrors) else \
@@ -526,8 +531,8 @@ class Daemon:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
         summary = changes.summary()
-        if read.key_problems:
-            summary["key_problems"] = read.key_problems
+        if read.keys is not None and read.keys[1]:
+            summary["key_problems"] = read.keys[1]
         return {"ok": True, "result": summary}
 
     def _install_keys(self, read: Read) -> str:
@@ -535,13 +540,14 @@ class Daemon:
         answer when some were skipped."""
         if self.zap is None or read.keys is None:
             return ""
-        security.install_clients(self.zap, read.keys)
-        if not read.key_problems:
+        keys, problems = read.keys
+        security.install_clients(self.zap, keys)
+        if not problems:
             return ""
-        log.error("curve_keys_skipped", problems=read.key_problems,
+        log.error("curve_keys_skipped", problems=problems,
                   hint="the keys that could be read apply; fix or remove the others")
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
-                + "\n".join(read.key_problems))
+                + "\n".join(problems))
 
     def _close(self) -> None:
         self._refuse_latecomers()

@@ -31,10 +31,10 @@ Answer = Callable[[dict[str, Any]], None]
 class Read:
     """What one read found: the keys (when CURVE is on) and the config, or what failed."""
 
-    path: Path
+    path: Path | None  # None: the keys only
     curve: CurveConfig | None
-    keys: dict[str, dict[bytes, bool]] | None = None
-    key_problems: list[str] = field(default_factory=list)
+    # (keys, problems), set at once when read: applied even if the config read then hangs
+    keys: tuple[dict[str, dict[bytes, bool]], list[str]] | None = None
     config: Config | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -43,8 +43,9 @@ class Read:
         try:
             # Keys first, and kept whatever the config file holds: a removal always applies.
             if self.curve is not None:
-                self.keys, self.key_problems = security.reread_clients(self.curve)
-            self.config = load_config(self.path)
+                self.keys = security.reread_clients(self.curve)
+            if self.path is not None:
+                self.config = load_config(self.path)
         except BaseException as exc:  # reported by the loop, never raised in this thread
             self.error = exc
         finally:
@@ -69,16 +70,24 @@ class Reloader:
         self.again: list[Answer | None] | None = None  # asked for during it: one more read
         self.stuck: Read | None = None  # abandoned after its deadline, not returned yet
         self.stuck_since = 0.0
+        self.keys_only: Read | None = None  # the keys re-read while a config read is stuck
 
     def request(self, path: Path, curve: CurveConfig | None, answer: Answer | None,
                 now: float) -> dict[str, Any] | None:
         """Start a read (or queue one after the read in flight). An error to answer at
         once, or None: the answer comes with the outcome."""
         if self.stuck is not None and not self.stuck.done.is_set():
+            keys = ""
+            if curve is not None:  # a removal applies all the same, as soon as it is read
+                if self.keys_only is None:
+                    self.keys_only = Read(None, curve)
+                    threading.Thread(target=self.keys_only.run, args=(self.wake,),
+                                     name="keys-read", daemon=True).start()
+                keys = "; the client keys are being re-read and apply when read"
             return {"ok": False, "error": f"config rejected, running config kept: the read "
                     f"of {self.stuck.path} started {now - self.stuck_since:.0f}s ago has not "
-                    "returned (its file system does not answer: a hung mount?); reload again "
-                    "once it does"}
+                    f"returned (a file system that does not answer, or a file too large to "
+                    f"parse); reload again once it does{keys}"}
         self.stuck = None
         if self.current is not None:
             self.again = [*(self.again or []), answer]
@@ -95,6 +104,14 @@ class Reloader:
 
     def next_deadline(self) -> float | None:
         return self.deadline if self.current is not None else None
+
+    def keys_read(self) -> Read | None:
+        """A keys-only read that is done (at most once each)."""
+        read = self.keys_only
+        if read is None or not read.done.is_set():
+            return None
+        self.keys_only = None
+        return read
 
     def outcome(self, path: Path, curve: CurveConfig | None, now: float) -> Outcome | None:
         """The read in flight once it is done or past its deadline; the next queued read

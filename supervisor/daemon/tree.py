@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from supervisor.config.worker_spec import TREE_VAR, tree_mark
@@ -101,13 +101,17 @@ class Trees:
     def __init__(self, me: int | None = None) -> None:
         self.me = os.getpid() if me is None else me
         self.members: dict[int, list[Proc]] = {}
+        # Every process ever seen in a live worker's tree, to the worker's pid: one that
+        # later turns up orphaned outside the group is known as escaped even without the
+        # TREE_VAR mark (a child that cleared its environment). Pruned to the living.
+        self.seen: dict[tuple[int, int], str] = {}
 
     def of(self, root: int) -> list[int]:
         return [proc.pid for proc in self.members.get(root, ())]
 
-    def refresh(self, roots: Collection[int]) -> list[Escaped]:
-        """Find every worker's tree anew (``roots``: all live workers' pids); kill and return
-        the strays that escaped a worker's tree."""
+    def refresh(self, roots: Mapping[int, str]) -> list[Escaped]:
+        """Find every worker's tree anew (``roots``: every live worker's pid, to its id);
+        kill and return the strays that escaped a worker's tree."""
         procs = scan()
         children: dict[int, list[Proc]] = {}
         for proc in procs.values():
@@ -119,12 +123,20 @@ class Trees:
                 continue  # a worker
             if stray.pgid in adopted:
                 adopted[stray.pgid].append(stray)  # orphaned, still in the worker's group
-            elif (worker_id := self._mark(stray.pid)) is not None:
+            elif (worker_id := self._owner(stray)) is not None:
                 tree = [stray, *_walk(children.get(stray.pid, []), children)]
                 escaped.append(Escaped(stray, worker_id, sum(kill(p) for p in tree)))
         self.members = {root: _walk([*children.get(root, []), *adopted[root]], children)
                         for root in roots}
+        self.seen = {key: root for key, root in self.seen.items() if key[0] in procs}
+        for root, members in self.members.items():
+            self.seen.update(((m.pid, m.start), roots[root]) for m in members)
         return escaped
+
+    def _owner(self, stray: Proc) -> str | None:
+        """Whose tree a stray escaped: the worker whose tree it was seen in (by pid and
+        start time), else the one its TREE_VAR mark names; None if it is not ours."""
+        return self.seen.get((stray.pid, stray.start)) or self._mark(stray.pid)
 
     def take_down(self, root: int) -> int:
         """SIGKILL the worker's process group and every descendant last seen; the number of
