@@ -326,7 +326,7 @@ class Core:
             worker = self.pool.workers.get(worker_id)
             if worker is not None:
                 worker.history.add(Sample(now, worker.jobs, reading.memory, reading.vram,
-                                          worker.probes))
+                                          worker.probes, reading.children))
                 sampled.append(worker)
         self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
         floor = self.config.supervisor.min_available_memory

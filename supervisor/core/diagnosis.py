@@ -82,6 +82,7 @@ class Cause(StrEnum):
     NEW_INPUT_SHAPES = "new_input_shapes"
     PYTHON_OBJECTS = "python_objects"
     NATIVE_HEAP = "native_heap"
+    CHILD_PROCESSES = "child_processes"
     TF_ALLOCATOR = "tf_allocator"
     VRAM_POOL = "vram_pool"
     UNKNOWN = "unknown"
@@ -96,6 +97,7 @@ class Trends:
     samples: int = 0
     readings: int = 0  # distinct probe readings the probes' slopes are fitted on
     memory: float | None = None  # bytes
+    children: float | None = None  # bytes: the child processes' part of ``memory``
     vram: float | None = None  # bytes
     graphs: float | None = None
     shapes: float | None = None
@@ -108,8 +110,8 @@ class Trends:
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples,
                                "probe_readings": self.readings}
-        for name in ("memory", "vram", "graphs", "shapes", "py_blocks", "native_heap",
-                     "tf_allocator"):
+        for name in ("memory", "children", "vram", "graphs", "shapes", "py_blocks",
+                     "native_heap", "tf_allocator"):
             value = getattr(self, name)
             if value is not None:
                 out[f"{name}_per_1k_jobs"] = round(value, 1)
@@ -138,6 +140,8 @@ class Split:
     Python part is bounded rather than counted."""
 
     memory: float  # the memory metric's growth
+    # The worker's child processes (counted in its memory, outside its probes' view).
+    child_processes: float | None
     # Live Python allocations (pymalloc: outside malloc) at BLOCK_BYTES each at most, and no
     # more than the growth the native heap leaves; plus the bytes the census weighed in the
     # containers and buffers that grew between its last two readings (on the native heap).
@@ -149,7 +153,8 @@ class Split:
     other: float | None  # the rest: outside malloc's and pymalloc's view, or freed and kept
 
     def fields(self) -> dict[str, float]:
-        out = {"memory": self.memory, "python_objects": self.python_objects,
+        out = {"memory": self.memory, "child_processes": self.child_processes,
+               "python_objects": self.python_objects,
                "native_heap": self.native_heap, "tf_allocator": self.tf_allocator,
                "other": self.other}
         return {k: round(v) for k, v in out.items() if v is not None}
@@ -164,13 +169,14 @@ class Split:
         memory = values.get("memory")
         if memory is None:
             return None
-        return cls(memory, values.get("python_objects"), values.get("native_heap"),
-                   values.get("tf_allocator"), values.get("other"))
+        return cls(memory, values.get("child_processes"), values.get("python_objects"),
+                   values.get("native_heap"), values.get("tf_allocator"), values.get("other"))
 
     def text(self, metric: str = "memory") -> str:
         """"of +250.0MiB memory growth per 1k jobs: Python objects ~36.0KiB, ..."."""
         parts = [f"{label} {'~' if name == 'python_objects' else ''}{_size(value)}"
-                 for name, label in (("python_objects", "Python objects"),
+                 for name, label in (("child_processes", "child processes"),
+                                     ("python_objects", "Python objects"),
                                      ("native_heap", "native heap"), ("other", "other"))
                  if (value := getattr(self, name)) is not None]
         tf = "" if self.tf_allocator is None else \
@@ -183,9 +189,12 @@ def growth_split(t: Trends, latest: Probes | None) -> Split | None:
     """Where the growth went (see Split); None unless memory grows. Values a worker cannot
     have sent sensibly (not finite, negative slopes of what only grows) count as 0 or
     unmeasured, never as an error."""
-    memory = _finite(t.memory)
-    if memory is None or memory <= 0:
+    total = _finite(t.memory)
+    if total is None or total <= 0:
         return None
+    kids = _finite(t.children)
+    kids = None if kids is None else min(max(0.0, kids), total)
+    memory = total - (kids or 0.0)  # the worker process's own, which its probes see
     native = _finite(t.native_heap)
     heap = None if native is None else max(0.0, native)
     blocks = _finite(t.py_blocks)
@@ -198,7 +207,7 @@ def growth_split(t: Trends, latest: Probes | None) -> Split | None:
     python = None if small is None and held is None else (small or 0.0) + (held or 0.0)
     native_only = None if heap is None else heap - (held or 0.0)
     other = None if heap is None else max(0.0, memory - (small or 0.0) - heap)
-    return Split(memory, python, native_only, _finite(t.tf_allocator), other)
+    return Split(total, kids, python, native_only, _finite(t.tf_allocator), other)
 
 
 def _census_per_1k(latest: Probes | None) -> float | None:
@@ -250,6 +259,7 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     return Trends(
         jobs=int(jobs[-1] - jobs[0]), samples=len(window), readings=len(probed),
         memory=slope([s.memory for s in window]), vram=slope([s.vram for s in window]),
+        children=slope([s.children for s in window]),
         graphs=probe("graphs", MIN_COUNTER_READINGS), shapes=probe("shapes", MIN_COUNTER_READINGS),
         py_blocks=probe("py_blocks"),
         native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
@@ -327,6 +337,8 @@ def _cause(t: Trends, reason: Reason | None, latest: Probes | None = None,
     if reason in _VRAM:
         return Cause.VRAM_POOL
     growth = t.memory if t.memory is not None and t.memory > 0 else None
+    if growth is not None and t.children is not None and t.children >= EXPLAINS * growth:
+        return Cause.CHILD_PROCESSES
     if _python_objects(t, growth, latest, split):
         return Cause.PYTHON_OBJECTS
     if growth is not None and t.tf_allocator is not None and t.tf_allocator >= EXPLAINS * growth:
@@ -415,6 +427,12 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
                 "TensorFlow's GPU allocator never returns memory to the driver: cap it with "
                 "tf.gpu_memory_limit, keep memory growth on (tf.gpu_memory_growth), pad "
                 "inputs to fixed sizes, and bound it with policy.max_vram")
+    if cause is Cause.CHILD_PROCESSES:
+        return (f"child processes: the worker's child processes grow {_size(t.children)} "
+                f"per 1k jobs of {_size(t.memory)} memory growth",
+                "the handler starts processes that are never ended, or that grow: end each "
+                "one with its job (or keep a bounded pool), and bound what a long-lived "
+                "helper keeps; `ps --ppid` on the worker's pid lists them")
     if cause is Cause.NATIVE_HEAP:
         heap = split.native_heap if split is not None and split.native_heap is not None \
             else t.native_heap or 0.0

@@ -18,6 +18,7 @@ class Sample:
     memory: int
     vram: int | None = None
     probes: Probes | None = None  # the worker's latest probes at the time (its heartbeats)
+    children: int | None = None  # of ``memory``, its child processes' (None: not read)
 
 
 # Points a worker's whole-life series keeps (Life): its resolution coarsens with age instead.
@@ -72,3 +73,4 @@ class Reading:
 
     memory: int
     vram: int | None = None
+    children: int | None = None  # of ``memory``, the worker's child processes' share

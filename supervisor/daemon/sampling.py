@@ -23,6 +23,11 @@ def read_memory(pid: int, metric: str, descendants: Iterable[int] = ()) -> int |
     return total
 
 
+def read_memory_of(pids: Iterable[int], metric: str) -> int:
+    """The processes' memory together (those gone count 0)."""
+    return sum(_one(pid, metric) or 0 for pid in pids)
+
+
 def _one(pid: int, metric: str) -> int | None:
     if metric == "rss":
         return _rss(pid)
