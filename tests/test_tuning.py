@@ -60,12 +60,12 @@ def leak(per_job: float, base: float = 540 * MiB) -> Callable[[float, int], floa
 def record(worker_id: str, curve: Callable[..., float], seconds: float, *, start: float = 0.0,
            rate: float = 20.0, noise: float = 0.3 * MiB, seed: int = 0,
            ended: bool = False, reason: str | None = None,
-           per_job: bool = False) -> dict[str, Any]:
+           per_job: bool = False, kept: int = 120) -> dict[str, Any]:
     """One worker as the daemon records it: a sample per poll from spawn, jobs arriving at
     ``rate`` per second after ready, memory from ``curve`` (of age, or of age and jobs)."""
     samples = series(curve, seconds, start=start, rate=rate, noise=noise, seed=seed,
                      per_job=per_job)
-    history = History(120)
+    history = History(kept)  # the daemon keeps 2 x trend_window (at least 64)
     for s in samples:
         history.add(s)
     end = samples[-1].t if ended else None
@@ -493,6 +493,10 @@ def test_write_refuses_what_check_refuses(files: tuple[Path, Path],
      "history.models.m.workers[0].life[0][2]: expected a number, got str"),
     ('{"format": "tfsupervisor-history/1", "now": 1, "poll_interval": 1, "models": {"m": '
      '{"traffic": {"lengths": {"ids:1": {"buckets": [[9, 3, 1]]}}}}}}', "shortest 9 > longest 3"),
+    ('{"format": "tfsupervisor-history/1", "now": 9, "poll_interval": 1, "models": {"m": '
+     '{"workers": [{"id": "m-1", "started_at": 0, "ready_at": 1, "life": [[1, 0, 5], '
+     '[24996024, 0, 5], [2, 0, 5]]}]}}}',
+     "life[2]: time 2 is before the point ahead of it (2.4996e+07)"),
     ('{"format": "something else"}', "not a tfsupervisor history"),
     ('[' * 100_000, "nested too deeply"),
     ('\xff\xfe', "not UTF-8"),
@@ -537,3 +541,32 @@ def test_the_snippet_is_valid_yaml_with_its_evidence(
     assert policy.max_memory == parse_size(out.split("max_memory: ")[1].split()[0])
     assert "(now: 2.0GiB)" in out  # each value says what it replaces
     assert config.read_text() == COMMENTED  # without --write, nothing is written
+
+
+# --- the review's findings: what tune refuses, keeps and says --------------------------------
+
+def test_a_trend_window_longer_than_the_record_is_tuned_on_what_it_holds() -> None:
+    config = model_config(CONFIG + "    policy: {trend_window: 1500}\n")
+    raw = history([record("m-1", plateau(), 3200, kept=3000)], now=3200)
+    assert len(raw["models"]["m"]["workers"][0]["recent"]) == 1024  # RECENT_POINTS
+    tuning = tune(raw, config)
+    for key in ("max_memory", "warmup_seconds", "max_growth_per_hour"):
+        assert found(tuning, "policy", key).value is not None, found(tuning, "policy", key)
+    evidence = found(tuning, "policy", "max_growth_per_hour").evidence
+    assert "trend_window 1500 is more than the 1024 recent samples a record holds" in evidence
+
+
+def test_too_short_a_since_says_only_a_wider_one_helps() -> None:
+    raw = history([record("m-1", plateau(), 900)], now=900)
+    evidence = found(tune(raw, options=Options(since=5.0)), "policy", "max_memory").evidence
+    assert "only a wider --since (at least 122s) or none helps" in evidence, evidence
+    assert "s more)" not in evidence
+
+
+def test_evidence_says_no_zero_gaps_or_empty_spans() -> None:
+    config = model_config(CONFIG + "    policy: {trend_window: 8}\n")
+    tuning = tune(history([record("m-1", plateau(ramp=0), 40)], now=40), config)
+    warmup = found(tuning, "policy", "warmup_seconds").evidence
+    assert "0.0s apart" not in warmup and "from its first sample on" in warmup, warmup
+    trend = found(tuning, "policy", "max_growth_per_hour").evidence
+    assert "spanning 8s)" in trend, trend
