@@ -93,7 +93,7 @@ def run(seconds: float, out: Path, png: Path) -> None:
         time.sleep(seconds)  # the traffic's duration, by design (not waiting on a result)
         history = out / "tune_example_history.json"
         command = [sys.executable, "-m", "supervisor", "tune", "-c", str(sup.config_path),
-                   "--save", str(history)]
+                   "--save", str(history), "--overwrite"]
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True)
         stop.set()
         for t in threads:

@@ -60,12 +60,12 @@ def leak(per_job: float, base: float = 540 * MiB) -> Callable[[float, int], floa
 def record(worker_id: str, curve: Callable[..., float], seconds: float, *, start: float = 0.0,
            rate: float = 20.0, noise: float = 0.3 * MiB, seed: int = 0,
            ended: bool = False, reason: str | None = None,
-           per_job: bool = False) -> dict[str, Any]:
+           per_job: bool = False, kept: int = 120) -> dict[str, Any]:
     """One worker as the daemon records it: a sample per poll from spawn, jobs arriving at
     ``rate`` per second after ready, memory from ``curve`` (of age, or of age and jobs)."""
     samples = series(curve, seconds, start=start, rate=rate, noise=noise, seed=seed,
                      per_job=per_job)
-    history = History(120)
+    history = History(kept)  # the daemon keeps 2 x trend_window (at least 64)
     for s in samples:
         history.add(s)
     end = samples[-1].t if ended else None
@@ -493,6 +493,10 @@ def test_write_refuses_what_check_refuses(files: tuple[Path, Path],
      "history.models.m.workers[0].life[0][2]: expected a number, got str"),
     ('{"format": "tfsupervisor-history/1", "now": 1, "poll_interval": 1, "models": {"m": '
      '{"traffic": {"lengths": {"ids:1": {"buckets": [[9, 3, 1]]}}}}}}', "shortest 9 > longest 3"),
+    ('{"format": "tfsupervisor-history/1", "now": 9, "poll_interval": 1, "models": {"m": '
+     '{"workers": [{"id": "m-1", "started_at": 0, "ready_at": 1, "life": [[1, 0, 5], '
+     '[24996024, 0, 5], [2, 0, 5]]}]}}}',
+     "life[2]: time 2 is before the point ahead of it (2.4996e+07)"),
     ('{"format": "something else"}', "not a tfsupervisor history"),
     ('[' * 100_000, "nested too deeply"),
     ('\xff\xfe', "not UTF-8"),
@@ -537,3 +541,261 @@ def test_the_snippet_is_valid_yaml_with_its_evidence(
     assert policy.max_memory == parse_size(out.split("max_memory: ")[1].split()[0])
     assert "(now: 2.0GiB)" in out  # each value says what it replaces
     assert config.read_text() == COMMENTED  # without --write, nothing is written
+
+
+# --- the review's findings: what tune refuses, keeps and says --------------------------------
+
+SHARED = """\
+models:
+  m:
+    handler: "worker.handlers:echo"
+    batching: &bat {max_batch_size: 32}
+    policy: &pol {max_age: 24h}
+  other:
+    handler: "worker.handlers:echo"
+    batching: *bat
+    policy: *pol
+"""
+
+
+def test_write_refuses_a_mapping_other_models_share_through_an_alias(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    config.write_text(SHARED)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
+    captured = capsys.readouterr()
+    assert "shared through a YAML anchor (&" in captured.err
+    assert "in place of each alias *" in captured.err and "(models.other." in captured.err
+    assert "Traceback" not in captured.err
+    assert "+++ " not in captured.out
+    assert config.read_text() == SHARED
+
+
+MERGED = """\
+models:
+  other: &common
+    handler: "worker.handlers:echo"
+    batching: {max_batch_size: 32}
+    policy: &pol {max_age: 24h}
+  m:
+    <<: *common
+"""
+
+
+def test_write_refuses_a_section_that_comes_from_a_merge_key(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    config.write_text(MERGED)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
+    err = capsys.readouterr().err
+    assert "models.m.policy comes from a merge key (`<<: *common`) in models.m" in err, err
+    assert config.read_text() == MERGED
+
+
+def test_write_into_a_models_own_mapping_that_merges_a_base(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    text = MERGED.replace("    <<: *common\n", """    handler: "worker.handlers:echo"
+    batching: {max_batch_size: 32}
+    policy:
+      <<: *pol
+      max_memory: 2GiB
+""")
+    config.write_text(text)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    written = parse_config(config.read_text())
+    assert written.models["m"].policy.max_memory != 2 * 1024**3  # tuned ...
+    assert written.models["m"].policy.max_age == 24 * 3600  # ... still merging the base
+    assert written.models["other"].policy == parse_config(text).models["other"].policy
+    assert "<<: *pol" in config.read_text()
+
+
+def foreign_owner(monkeypatch: pytest.MonkeyPatch, config: Path) -> list[tuple[int, int]]:
+    """Give the config an owner and group other than this user's: really as root (nobody's),
+    otherwise as os.stat reports it (chown then only recorded). Returns the chown calls
+    made on the temporary file (as root: empty, the file itself tells)."""
+    calls: list[tuple[int, int]] = []
+    if os.geteuid() == 0:
+        os.chown(config, 65534, 65534)
+        return calls
+    real_stat = os.stat
+
+    def fake_stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        found = real_stat(path, *args, **kwargs)
+        if os.path.realpath(path) != os.path.realpath(config):
+            return found
+        fields = list(found)
+        fields[4:6] = [65534, 65534]
+        return os.stat_result(fields)
+
+    monkeypatch.setattr("supervisor.cli.tune.os.stat", fake_stat)
+    monkeypatch.setattr("supervisor.cli.tune.os.chown",
+                        lambda path, uid, gid: calls.append((uid, gid)))
+    return calls
+
+
+def test_write_keeps_the_files_owner_and_group(
+        files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    calls = foreign_owner(monkeypatch, config)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    assert "max_memory" in config.read_text()
+    if os.geteuid() == 0:
+        found = os.lstat(config)
+        assert (found.st_uid, found.st_gid) == (65534, 65534)
+    else:
+        assert calls == [(65534, 65534)]
+    assert stat.S_IMODE(os.lstat(config).st_mode) == 0o640
+
+
+def test_write_refuses_when_it_cannot_keep_the_owner(
+        files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    foreign_owner(monkeypatch, config)
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("supervisor.cli.tune.os.chown", refuse)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
+    captured = capsys.readouterr()
+    assert "belongs to uid 65534, gid 65534" in captured.err
+    assert "the service might then not read it: left unchanged" in captured.err
+    assert "+++ " not in captured.out  # no diff shown as if applied
+    assert config.read_text() == COMMENTED
+    assert [p.name for p in config.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_save_refuses_what_is_not_a_new_regular_file(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    base = ["tune", "-c", str(config), "--history", str(saved)]
+    fifo = config.parent / "fifo"
+    os.mkfifo(fifo)
+    assert main([*base, "--save", str(fifo), "--overwrite"]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert main([*base, "--save", str(config.parent), "--overwrite"]) == 1
+    assert "not a regular file" in capsys.readouterr().err
+    # the config itself, even with --overwrite and --write
+    assert main([*base, "--save", str(config), "--overwrite", "--write"]) == 1
+    assert "is the config file itself" in capsys.readouterr().err
+    assert config.read_text() == COMMENTED
+    # an existing file: only with --overwrite
+    kept = config.parent / "kept.json"
+    kept.write_text("mine")
+    assert main([*base, "--save", str(kept)]) == 1
+    assert "the file exists; give a new path, or pass --overwrite" in capsys.readouterr().err
+    assert kept.read_text() == "mine"
+    assert main([*base, "--save", str(kept), "--overwrite"]) == 0
+    assert json.loads(kept.read_text()) == json.loads(saved.read_text())
+    fresh = config.parent / "fresh.json"
+    assert main([*base, "--save", str(fresh)]) == 0
+    assert json.loads(fresh.read_text()) == json.loads(saved.read_text())
+    assert [p.name for p in config.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_trend_window_longer_than_the_record_is_tuned_on_what_it_holds() -> None:
+    config = model_config(CONFIG + "    policy: {trend_window: 1500}\n")
+    raw = history([record("m-1", plateau(), 3200, kept=3000)], now=3200)
+    assert len(raw["models"]["m"]["workers"][0]["recent"]) == 1024  # RECENT_POINTS
+    tuning = tune(raw, config)
+    for key in ("max_memory", "warmup_seconds", "max_growth_per_hour"):
+        assert found(tuning, "policy", key).value is not None, found(tuning, "policy", key)
+    evidence = found(tuning, "policy", "max_growth_per_hour").evidence
+    assert "trend_window 1500 is more than the 1024 recent samples a record holds" in evidence
+
+
+def test_too_short_a_since_says_only_a_wider_one_helps() -> None:
+    raw = history([record("m-1", plateau(), 900)], now=900)
+    evidence = found(tune(raw, options=Options(since=5.0)), "policy", "max_memory").evidence
+    assert "only a wider --since (at least 122s) or none helps" in evidence, evidence
+    assert "s more)" not in evidence
+
+
+def test_evidence_says_no_zero_gaps_or_empty_spans() -> None:
+    config = model_config(CONFIG + "    policy: {trend_window: 8}\n")
+    tuning = tune(history([record("m-1", plateau(ramp=0), 40)], now=40), config)
+    warmup = found(tuning, "policy", "warmup_seconds").evidence
+    assert "0.0s apart" not in warmup and "from its first sample on" in warmup, warmup
+    trend = found(tuning, "policy", "max_growth_per_hour").evidence
+    assert "spanning 8s)" in trend, trend
+
+
+def test_headroom_bounds_say_they_are_excluded(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tune", "-c", "config.yaml", "--headroom", "0"])
+    assert "above 0% and below 100% (both excluded), got '0'" in capsys.readouterr().err
+
+
+def diff_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in
+            ("---", "+++")]
+
+
+def test_write_keeps_crlf_line_endings_and_document_markers(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    plain = diff_lines(capsys.readouterr().out)
+    config.write_bytes(("---\n" + COMMENTED + "...\n").replace("\n", "\r\n").encode())
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    captured = capsys.readouterr()
+    assert diff_lines(captured.out) == plain  # only the tuned lines changed
+    assert "CRLF line endings kept" in captured.err
+    data = config.read_bytes().decode()
+    assert data.count("\r\n") == data.count("\n")
+    assert data.startswith("---\r\n") and data.endswith("\r\n...\r\n")
+
+
+def test_write_keeps_a_four_space_layout(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    wide = COMMENTED.replace("  ", "    ")
+    config.write_text(wide)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    assert len(diff_lines(capsys.readouterr().out)) == 8
+    assert "\n    m:\n        handler:" in config.read_text()
+
+
+def test_write_says_it_replaced_a_read_only_file(
+        files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    config.chmod(0o444)
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 0
+    assert "was read-only (mode 0444): replaced, mode kept" in capsys.readouterr().err
+    assert stat.S_IMODE(os.lstat(config).st_mode) == 0o444
+
+
+def test_write_shows_no_diff_when_it_cannot_write(
+        files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+
+    def denied(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("supervisor.cli.tune.tempfile.mkstemp", denied)  # a read-only dir
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
+    captured = capsys.readouterr()
+    assert "cannot write" in captured.err and "left unchanged" in captured.err
+    assert "+++ " not in captured.out
+    assert config.read_text() == COMMENTED
+
+
+def test_write_says_which_user_to_run_it_as(
+        files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, saved = files
+    run = config.parent / "run"
+    config.write_text(COMMENTED.replace("supervisor:\n", f"supervisor:\n  runtime_dir: {run}\n"))
+    real = os.access
+    monkeypatch.setattr("supervisor.cli.preflight.os.access",
+                        lambda path, mode: False if Path(path) == config.parent
+                        else real(path, mode))
+    assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
+    err = capsys.readouterr().err
+    assert "supervisor.runtime_dir" in err and "by this user" in err
+    assert "run it as the daemon's user, or as root" in err

@@ -53,6 +53,7 @@ from supervisor.config.keys import MAX_PAD_SIZE, MAX_WARMUP_SHAPES, ModelConfig
 from supervisor.config.units import format_size
 from supervisor.core.history import Sample
 from supervisor.core.policy import fit, theil_sen
+from supervisor.core.traffic import RECENT_POINTS
 
 HISTORY_FORMAT = "tfsupervisor-history/1"
 
@@ -154,15 +155,19 @@ def _text(value: object, where: str) -> str:
 
 
 def _points(raw: object, where: str) -> tuple[Sample, ...]:
-    points = []
+    points: list[Sample] = []
     for i, item in enumerate(_list(raw, where, MAX_POINTS)):
         here = f"{where}[{i}]"
         triple = _list(item, here, 3)
         if len(triple) != 3:
             raise HistoryError(f"{here}: expected [time, jobs, memory]")
-        points.append(Sample(float(_number(triple[0], f"{here}[0]")),
-                             _int(triple[1], f"{here}[1]"), _int(triple[2], f"{here}[2]")))
-    return tuple(sorted(points, key=lambda s: s.t))
+        point = Sample(float(_number(triple[0], f"{here}[0]")), _int(triple[1], f"{here}[1]"),
+                       _int(triple[2], f"{here}[2]"))
+        if points and point.t < points[-1].t:  # the daemon records them in time order
+            raise HistoryError(f"{here}: time {point.t:g} is before the point ahead of it "
+                               f"({points[-1].t:g}): not a series the daemon recorded")
+        points.append(point)
+    return tuple(points)
 
 
 def _worker(raw: object, where: str) -> WorkerSeries | None:
@@ -292,8 +297,10 @@ def duration_text(seconds: float) -> str:
 
 
 def read_worker(series: WorkerSeries, window: int, poll: float,
-                cutoff: float | None) -> Worker:
-    """Classify one worker (see the module's docstring)."""
+                cutoff: float | None, samples: int | None = None) -> Worker:
+    """Classify one worker (see the module's docstring). ``samples``: the recent samples
+    it needs (default ``window``; fewer where the record holds fewer than a window)."""
+    samples = window if samples is None else samples
     keep = (lambda s: s.t >= cutoff) if cutoff is not None else (lambda s: True)
     every = [s for s in (*series.life, *series.recent) if keep(s)]
     peak = max((s.memory for s in every), default=0)
@@ -306,7 +313,7 @@ def read_worker(series: WorkerSeries, window: int, poll: float,
         after = (*after, recent[-1])
     watched = after[-1].t - after[0].t if len(after) >= 2 else 0.0
     worker = Worker(series.id, series.ready_at, series.reason, after, recent, peak, watched)
-    if watched < 2 * window * poll or len(recent) < window:
+    if watched < 2 * window * poll or len(recent) < samples:
         return worker
     end = after[-1].t
     last = [s.memory for s in after if s.t >= end - watched / 4]
@@ -344,10 +351,13 @@ def tune_model(name: str, history: ModelHistory, config: ModelConfig, recorded: 
                options: Options) -> ModelTuning:
     policy = config.policy
     window, poll = policy.trend_window, recorded.poll_interval
+    # A record holds RECENT_POINTS samples at full resolution: a longer trend_window is
+    # tuned on windows of that many (said in the evidence)
+    samples = min(window, RECENT_POINTS)
     cutoff = recorded.now - options.since if options.since is not None else None
     series = [w for w in history.workers
               if cutoff is None or w.ended_at is None or w.ended_at >= cutoff]
-    workers = [read_worker(w, window, poll, cutoff) for w in series]
+    workers = [read_worker(w, window, poll, cutoff, samples) for w in series]
     level = [w for w in workers if w.state == "level"]
     rising = [w for w in workers if w.state == "rising"]
     young = [w for w in workers if w.state == "young"]
@@ -357,24 +367,43 @@ def tune_model(name: str, history: ModelHistory, config: ModelConfig, recorded: 
                f"{len(rising)} still rising, {len(young)} watched too briefly")
     tuning = ModelTuning(name, summary)
     tuning.findings += _workers_found(workers)
-    warmup, settled = _warmup(level, rising, young, window, poll)
+    wait = _Wait(window, poll, samples, options.since)
+    warmup, settled = _warmup(level, rising, young, wait)
     tuning.findings += warmup
-    tuning.findings += _max_memory(level, rising, young, config, options, window, poll)
+    tuning.findings += _max_memory(level, rising, young, config, options, wait)
     seconds, jobs = settled if settled is not None else \
         (policy.warmup_seconds, policy.warmup_jobs)
-    tuning.findings += _trends(level, rising, window, poll, options, seconds, jobs)
+    tuning.findings += _trends(level, rising, window, samples, poll, options, seconds, jobs)
     tuning.findings += _batch_sizes(history, config, options)
     tuning.findings += _padding(history, config, options)
     return tuning
 
 
-def _watch_more(workers: Sequence[Worker], window: int, poll: float) -> str:
-    need = 2 * window * poll
+@dataclass(frozen=True)
+class _Wait:
+    """What a worker must show before it counts: watched 2 x window polls, with
+    ``samples`` recent samples; ``since``: the stretch --since keeps."""
+
+    window: int
+    poll: float
+    samples: int
+    since: float | None
+
+
+def _watch_more(workers: Sequence[Worker], wait: _Wait) -> str:
+    need = 2 * wait.window * wait.poll
     longest = max((w.watched for w in workers), default=0.0)
     recent = max((len(w.recent) for w in workers), default=0)
-    return (f"need a worker watched {need:.0f}s after ready (2 x trend_window {window} x "
-            f"poll {poll:g}s) with {window} recent samples; the longest so far: "
-            f"{longest:.0f}s, {recent} samples ({max(0.0, need - longest):.0f}s more)")
+    if wait.since is not None and wait.since < need:
+        more = (f"--since {wait.since:g}s is shorter than that: only a wider --since (at "
+                f"least {duration_text(need + 2 * wait.poll)}) or none helps")
+    elif longest < need:
+        more = f"{need - longest:.0f}s more"
+    else:
+        more = f"{max(0, wait.samples - recent)} samples more"
+    return (f"need a worker watched {need:.0f}s after ready (2 x trend_window {wait.window} x "
+            f"poll {wait.poll:g}s) with {wait.samples} recent samples; the longest so far: "
+            f"{longest:.0f}s, {recent} samples ({more})")
 
 
 def _workers_found(workers: Sequence[Worker]) -> list[Finding]:
@@ -397,11 +426,11 @@ def _not_enough(path: tuple[str, ...], why: str) -> Finding:
 
 
 def _warmup(level: Sequence[Worker], rising: Sequence[Worker], young: Sequence[Worker],
-            window: int, poll: float) -> tuple[list[Finding], tuple[float, int] | None]:
+            wait: _Wait) -> tuple[list[Finding], tuple[float, int] | None]:
     """The findings, and the warm-up suggested (seconds, jobs) when there is one."""
     paths = (("policy", "warmup_seconds"), ("policy", "warmup_jobs"))
     if not level:
-        why = _no_level(rising, young, window, poll)
+        why = _no_level(rising, young, wait)
         return [_not_enough(p, why) for p in paths], None
     timed = [w for w in level if w.settled_after is not None]
     if not timed:
@@ -411,12 +440,13 @@ def _warmup(level: Sequence[Worker], rising: Sequence[Worker], young: Sequence[W
     seconds = max(w.settled_after[0] for w in timed if w.settled_after)
     jobs = max(w.settled_after[1] for w in timed if w.settled_after)
     resolution = max(_resolution(w) for w in timed)
-    value_s = max(1, math.ceil(max(seconds * WARMUP_MARGIN, poll)))
+    value_s = max(1, math.ceil(max(seconds * WARMUP_MARGIN, wait.poll)))
     value_j = math.ceil(jobs * WARMUP_MARGIN)
     where = (f"{len(timed)} levelled worker(s): the slowest ({slowest.id}) stayed within "
              f"{format_size(slowest.band)} of its level {format_size(slowest.level)} from "
-             f"{seconds:.0f}s and {jobs:,} jobs after ready (samples {resolution:.1f}s apart "
-             f"there)")
+             f"{seconds:.0f}s and {jobs:,} jobs after ready " +
+             (f"(samples {resolution:.1f}s apart there)" if resolution > 0 else
+              "(from its first sample on)"))
     return [Finding(paths[0], duration_text(value_s), f"{where}; times {WARMUP_MARGIN:g}"),
             Finding(paths[1], value_j, f"the slowest worker's {jobs:,} jobs to its level "
                     f"times {WARMUP_MARGIN:g}")], (float(value_s), value_j)
@@ -430,21 +460,19 @@ def _resolution(w: Worker) -> float:
     return max(gaps, default=0.0)
 
 
-def _no_level(rising: Sequence[Worker], young: Sequence[Worker], window: int,
-              poll: float) -> str:
+def _no_level(rising: Sequence[Worker], young: Sequence[Worker], wait: _Wait) -> str:
     if rising:
         return (f"no worker levelled off ({len(rising)} still rising: "
                 f"{', '.join(w.id for w in rising[:4])}); watch a healthy worker longer, or "
                 "fix the leak")
-    return f"no worker watched long enough: {_watch_more(young, window, poll)}"
+    return f"no worker watched long enough: {_watch_more(young, wait)}"
 
 
 def _max_memory(level: Sequence[Worker], rising: Sequence[Worker], young: Sequence[Worker],
-                config: ModelConfig, options: Options, window: int,
-                poll: float) -> list[Finding]:
+                config: ModelConfig, options: Options, wait: _Wait) -> list[Finding]:
     path = ("policy", "max_memory")
     if not level:
-        return [_not_enough(path, _no_level(rising, young, window, poll))]
+        return [_not_enough(path, _no_level(rising, young, wait))]
     top = max(level, key=lambda w: w.level or 0.0)
     high = max(level, key=lambda w: w.peak)
     base = max(top.level or 0.0, float(high.peak))
@@ -476,8 +504,10 @@ def _windows(samples: Sequence[Sample], window: int) -> list[tuple[float, float]
     return found
 
 
-def _trends(level: Sequence[Worker], rising: Sequence[Worker], window: int, poll: float,
-            options: Options, warmup_seconds: float, warmup_jobs: int) -> list[Finding]:
+def _trends(level: Sequence[Worker], rising: Sequence[Worker], trend_window: int,
+            window: int, poll: float, options: Options, warmup_seconds: float,
+            warmup_jobs: int) -> list[Finding]:
+    """``window``: the samples a fit spans here, trend_window or the fewer a record holds."""
     paths = (("policy", "max_growth_per_1k_jobs"), ("policy", "max_growth_per_hour"))
     if not level:
         return [_not_enough(p, "no worker levelled off (see max_memory)") for p in paths]
@@ -503,6 +533,11 @@ def _trends(level: Sequence[Worker], rising: Sequence[Worker], window: int, poll
         why = (f"no levelled worker has {window} recent samples (trend_window) after the "
                f"warm-up above; watch {window * poll:.0f}s more")
         return [_not_enough(p, why) for p in paths]
+    shorter = (f"; trend_window {trend_window} is more than the {RECENT_POINTS} recent "
+               f"samples a record holds: fitted on windows of {window} (steeper than the "
+               "policy's longer windows see: a looser limit)" if window < trend_window else "")
+    low, high = window * poll, max(longest, window * poll)
+    spanning = f"{low:.0f}s" if f"{low:.0f}" == f"{high:.0f}" else f"{low:.0f}s to {high:.0f}s"
     findings = []
     for index, (path, scale, unit) in enumerate(zip(paths, (1000.0, 3600.0),
                                                     ("per 1k jobs", "per hour"), strict=True)):
@@ -520,11 +555,9 @@ def _trends(level: Sequence[Worker], rising: Sequence[Worker], window: int, poll
                 if caught else "")
         findings.append(Finding(path, size_text(limit),
                                 f"steepest of {len(values)} windows of {window} samples on "
-                                f"{', '.join(used)} after warm-up (spanning "
-                                f"{window * poll:.0f}s to {max(longest, window * poll):.0f}s):"
-                                f" "
+                                f"{', '.join(used)} after warm-up (spanning {spanning}): "
                                 f"{format_size(steepest)} {unit}; times {options.trend_margin:g}"
-                                f"{floor}{warn}"))
+                                f"{floor}{warn}{shorter}"))
     return findings
 
 
