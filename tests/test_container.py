@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -101,7 +102,7 @@ def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert ("ARG", "TF_EXTRA=tensorflow-cpu") in build
-    assert {"tensorflow", "tensorflow-cpu"} <= set(extras)
+    assert {"tensorflow", "tensorflow-cpu", "tensorflow-cuda"} <= set(extras)
     assert any(w == "RUN" and 'pip install ".[${TF_EXTRA}]"' in r for w, r in build)
     # A non-root user, created with that uid, and the manifests run as the same one.
     users = [r for w, r in runtime if w == "USER"]
@@ -132,6 +133,40 @@ def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
     exposed = {int(p) for w, r in runtime if w == "EXPOSE" for p in r.split()}
     assert exposed == {p["containerPort"] for p in container(pod)["ports"]}
     assert "HEALTHCHECK" in runtime_words
+
+
+def gpu_build_extras() -> list[tuple[str, str]]:
+    """(where a GPU build is spelt out, the extra it installs)."""
+    found = []
+    for name in ("Dockerfile", "docs/deployment.md", "README.md"):
+        text = (REPO / name).read_text()
+        found += [(name, extra) for extra in
+                  re.findall(r"--build-arg TF_EXTRA=([\w-]+)[^\n]*(?:-gpu|GPUs)", text)]
+    overlay = (REPO / "deploy/kubernetes/overlays/gpu/kustomization.yaml").read_text()
+    gpu = re.search(r"TF_EXTRA=([\w-]+)\)", overlay)
+    assert gpu, "the GPU overlay names the build argument of its image"
+    found.append(("overlays/gpu", gpu.group(1)))
+    makefile = (REPO / "Makefile").read_text()
+    nvidia = re.search(r"nvidia-smi[^\n]*&& echo ([\w-]+) \|\|", makefile)
+    assert nvidia, "the Makefile picks an extra on an nvidia host"
+    found.append(("Makefile", nvidia.group(1)))
+    return found
+
+
+def test_the_gpu_image_and_an_nvidia_host_get_tensorflow_with_cuda() -> None:
+    """python:slim has no CUDA: the plain tensorflow wheel would find no GPU and run every
+    worker on the CPU, silently. The GPU build installs TensorFlow's and-cuda extra (the
+    CUDA runtime, cuDNN, cuBLAS as wheels), in the Dockerfile, the docs and the Makefile."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    found = gpu_build_extras()
+    assert {"Dockerfile", "docs/deployment.md", "README.md", "overlays/gpu", "Makefile"} <= \
+        {where for where, _ in found}, found
+    for where, extra in found:
+        assert extra in extras, (where, extra)
+        assert any(re.match(r"tensorflow\[and-cuda\]", r) for r in extras[extra]), (where, extra)
+    # The CPU image stays CPU-only.
+    assert extras["tensorflow-cpu"] == ["tensorflow-cpu>=2.16"]
 
 
 def test_what_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:

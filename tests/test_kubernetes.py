@@ -591,3 +591,85 @@ def test_the_gpu_overlay_asks_for_a_gpu_its_workers_fit_on() -> None:
     assert pools <= card, (pools, card)
     base = rendered("base")
     assert "nvidia.com/gpu" not in container(base)["resources"]["limits"]
+
+
+# --- the image's name, once the registry is set ---------------------------------------------
+
+REGISTRY = "registry.example.com:5000/team"
+
+
+def edit_set_image(directory: Path, argument: str) -> None:
+    """`kustomize edit set image ARGUMENT` in ``directory``, as kustomize does it: NAME=NEW:TAG
+    sets the entry NAME's newName and newTag, NAME:TAG its newTag only; an entry that is not
+    there is added."""
+    file = directory / "kustomization.yaml"
+    spec = yaml.safe_load(file.read_text())
+    name, sep, new = argument.partition("=")
+    new_name, _, tag = (new if sep else name).rpartition(":")
+    if not sep:
+        name = new_name
+    images = spec.setdefault("images", [])
+    entry = next((i for i in images if i["name"] == name), None)
+    if entry is None:
+        entry = {"name": name}
+        images.append(entry)
+    if sep:
+        entry["newName"] = new_name
+    entry["newTag"] = tag
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def documented_image_edits() -> list[tuple[str, str]]:
+    """(directory, argument) of every `kustomize edit set image` docs/deployment.md gives."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    found = re.findall(r"cd (deploy/kubernetes/[\w/]+) && kustomize edit set image (\S+?)\)",
+                       text)
+    return [(d, a.replace("$REGISTRY", REGISTRY)) for d, a in found]
+
+
+def image_of(objects: list[dict[str, Any]]) -> str:
+    image: str = container(objects)["image"]
+    return image
+
+
+def test_the_registry_set_as_documented_keeps_each_variants_image(tmp_path: Path) -> None:
+    """The docs' commands run on a copy of the manifests: the base gets the CPU image from
+    the registry, the GPU overlay the -gpu one. (An overlay's images entry sees the image as
+    the base left it: setting the registry in the base alone made GPU pods run the CPU
+    image.)"""
+    edits = documented_image_edits()
+    assert {d for d, _ in edits} == {"deploy/kubernetes/base",
+                                     "deploy/kubernetes/overlays/gpu"}, edits
+    copy_root = tmp_path / "repo"
+    shutil.copytree(DEPLOY, copy_root / "deploy" / "kubernetes")
+    for directory, argument in edits:
+        edit_set_image(copy_root / directory, argument)
+    variants = {"base": copy_root / "deploy/kubernetes/base",
+                "gpu": copy_root / "deploy/kubernetes/overlays/gpu"}
+    want = {"base": f"{REGISTRY}/tfsupervisor:0.1.0", "gpu": f"{REGISTRY}/tfsupervisor:0.1.0-gpu"}
+    kubectl = shutil.which("kubectl")
+    for variant, directory in variants.items():
+        assert image_of(render(directory)) == want[variant], variant
+        if kubectl is not None:  # and kustomize itself agrees
+            out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert image_of([o for o in yaml.safe_load_all(out.stdout) if o]) == want[variant]
+    # The base alone, as the docs said before: the overlay's tag matches nothing.
+    only_base = tmp_path / "only-base"
+    shutil.copytree(DEPLOY, only_base)
+    edit_set_image(only_base / "base", f"tfsupervisor={REGISTRY}/tfsupervisor:0.1.0")
+    assert image_of(render(only_base / "overlays" / "gpu")).endswith(":0.1.0")
+
+
+def test_the_gpu_overlays_image_entry_matches_what_the_base_names() -> None:
+    """In the repository as it is: the overlay's entry names the base's newName, so its tag
+    applies."""
+    def images(directory: Path) -> list[dict[str, str]]:
+        entries: list[dict[str, str]] = yaml.safe_load(
+            (directory / "kustomization.yaml").read_text())["images"]
+        return entries
+
+    (base,) = images(VARIANTS["base"])
+    assert base["newName"] in {i["name"] for i in images(VARIANTS["gpu"])}
+    assert image_of(rendered("gpu")) == f"{base['newName']}:{base['newTag']}-gpu"
