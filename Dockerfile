@@ -5,10 +5,12 @@
 #   docker build -t tfsupervisor:0.1.0 .                                           # CPU (tensorflow-cpu), x86_64
 #   docker build --build-arg TF_EXTRA=tensorflow-cuda -t tfsupervisor:0.1.0-gpu .  # NVIDIA GPU (CUDA wheels)
 #   docker build --build-arg TF_EXTRA=tensorflow -t tfsupervisor:0.1.0 .           # linux/arm64 (CPU)
-#   docker run --rm -p 127.0.0.1:5555:5555 tfsupervisor:0.1.0   # the demo (deploy/docker/demo.yaml)
+#   docker run --rm -p 127.0.0.1:5555:5555 \
+#       -v $PWD/deploy/docker/demo.yaml:/etc/tfsupervisor/config.yaml:ro tfsupervisor:0.1.0
 #
-# The config is mounted at /etc/tfsupervisor/config.yaml (Kubernetes: the ConfigMap in
-# deploy/kubernetes/). The demo model is built into /opt/tfsupervisor/models/demo; bake
+# The config is mounted at /etc/tfsupervisor/config.yaml (the demo: deploy/docker/demo.yaml;
+# Kubernetes: the ConfigMap in deploy/kubernetes/). None is built in: the demo's plain TCP
+# endpoint is for one machine, not a default an image run anywhere should fall back to. The demo model is built into /opt/tfsupervisor/models/demo; bake
 # your own models the same way (FROM this image, COPY) or mount them.
 # tests/test_container.py checks this file's parts without a Docker engine.
 
