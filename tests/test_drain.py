@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -248,3 +249,77 @@ def test_every_timeout_is_a_finite_positive_number_of_seconds(
         build_parser().parse_args(["top", "--interval", value])
     for command in commands:  # what stays accepted
         assert build_parser().parse_args([*command, "--timeout", "2.5"]).timeout == 2.5
+
+
+@pytest.mark.parametrize("endpoint", [
+    "garbage", "", "udp://host:5555", "TCP://host:5555", "tcp://localhost:\uff15\uff15\uff15\uff15",
+    "tcp://::1:5555", "tcp://[::1:5555", "tcp://[nope]:5555", "tcp://host:0", "tcp://host:65536",
+    "tcp://host:-1", "tcp://:5555", "tcp://*:5555", "tcp://a b:5555", "ipc://",
+    "tcp://" + "a" * 70 + ".example.com:5555", None, 5555])
+def test_resolve_endpoints_refuses_what_is_not_an_endpoint(endpoint: Any) -> None:
+    """A clear ValueError, never an endpoint handed back unchanged for ZeroMQ to choke on
+    later, nor a UnicodeError (a label over 63 characters) or an AttributeError (None)."""
+    with pytest.raises(ValueError) as refused:
+        resolve_endpoints(endpoint)
+    assert "tcp://" in str(refused.value) or "host name" in str(refused.value)
+
+
+def _ipv6_loopback_port() -> int | None:
+    """A free port on ::1, or None where this host has no IPv6 loopback."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            return int(s.getsockname()[1])
+    except OSError:
+        return None
+
+
+def _ipv4_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ipv6_endpoints_serve_clients(supervisor_factory: Any) -> None:
+    """An IPv6 address in brackets, as resolve_endpoints gives it for an IPv6 pod: the
+    daemon binds it (the frontend and a TCP admin socket) and the client's sockets reach it
+    (Client, AsyncClient, control), which ZeroMQ does only with its IPV6 option on. IPv4
+    beside it is unchanged, and names keep resolving to IPv4 (the option stays off for
+    them: with it on, a name with both families would resolve to IPv6 only)."""
+    import asyncio
+
+    from supervisor.aclient import AsyncClient
+    from supervisor.client import Client
+    from supervisor.client.client import JobError, NoReply, control
+    from supervisor.shared.transport import ipv6_for
+
+    assert ipv6_for("tcp://[::1]:5555") == 1 and ipv6_for("tcp://*:5555") == 1
+    assert ipv6_for("tcp://localhost:5555") == 0 and ipv6_for("tcp://10.0.0.7:5555") == 0
+    assert ipv6_for("ipc:///run/x.sock") == 0
+    port6, admin6 = _ipv6_loopback_port(), _ipv6_loopback_port()
+    if port6 is None or admin6 is None:  # no IPv6 on this host: IPv4 must still work
+        ips = Path("/proc/net/if_inet6")
+        assert not ips.exists() or "00000000000000000000000000000001" not in ips.read_text()
+        return
+    port4 = _ipv4_port()
+    supervisor_factory({"supervisor": {
+        "endpoints": [f"tcp://[::1]:{port6}", f"tcp://127.0.0.1:{port4}"],
+        "admin": f"tcp://[::1]:{admin6}", "insecure": True},
+        "models": {"m": echo_model(1)}})
+    x = np.full((1, 4), 3.0, np.float32)
+    for endpoint in (f"tcp://[::1]:{port6}", f"tcp://127.0.0.1:{port4}",
+                     *resolve_endpoints(f"tcp://localhost:{port4}")):
+        with Client(endpoint, timeout=20) as client:
+            assert client.infer("m", {"x": x})["x"].tolist() == x.tolist(), endpoint
+
+    async def async_infer() -> Any:
+        async with AsyncClient(f"tcp://[::1]:{port6}", timeout=20) as client:
+            return await client.infer("m", {"x": x})
+
+    assert asyncio.run(async_infer())["x"].tolist() == x.tolist()
+    try:  # the admin socket answers over IPv6 (a refusal is an answer too)
+        control(f"tcp://[::1]:{admin6}", "status", timeout=10)
+    except NoReply:
+        raise AssertionError("no answer from the admin socket on [::1]") from None
+    except JobError:
+        pass
