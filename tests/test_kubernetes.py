@@ -237,7 +237,8 @@ CUSTOM_SCHEMAS = {
                                                        "pattern": "^https?://"},
                                      "query": {"type": "string"},
                                      "threshold": {"type": "string",
-                                                   "pattern": r"^[0-9]+(\.[0-9]+)?$"}}}}}}}}),
+                                                   "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                                     "ignoreNullValues": {"enum": ["true", "false"]}}}}}}}}),
 }
 
 
@@ -566,6 +567,11 @@ def test_scaling_triggers_read_queue_depth_the_daemon_exports(variant: str) -> N
         assert labels["namespace"] == namespace and labels["service"] == service
         assert set(labels) == {"model", "namespace", "service"}
         assert float(trigger["metadata"]["threshold"]) > 0
+        # An empty answer (nothing scraped: a ServiceMonitor Prometheus does not select) is
+        # an error that makes KEDA hold the fallback, not a 0 that holds the minimum.
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
+        assert one(objects, "ScaledObject")["spec"]["fallback"]["replicas"] > \
+            one(objects, "ScaledObject")["spec"]["minReplicaCount"]
         models.append(labels["model"])
     assert sorted(models) == sorted(config.models)  # one trigger per model
 
@@ -673,3 +679,69 @@ def test_the_gpu_overlays_image_entry_matches_what_the_base_names() -> None:
     (base,) = images(VARIANTS["base"])
     assert base["newName"] in {i["name"] for i in images(VARIANTS["gpu"])}
     assert image_of(rendered("gpu")) == f"{base['newName']}:{base['newTag']}-gpu"
+
+
+# --- the docs' failover client ----------------------------------------------------------------
+
+def test_the_documented_pods_client_keeps_its_client_when_a_resolve_fails() -> None:
+    """The `Pods` class of docs/deployment.md, run with a stand-in resolver and Client: a
+    failed re-resolve (a DNS blip, no pod ready for a moment) keeps the old client serving,
+    a new list replaces it (the old one closed), the same list keeps it, and a first
+    resolve that fails raises (nothing to fall back on)."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    section = text[text.index("### The failover client over the headless Service"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    code = code[:code.index("```")]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/deployment.md", "exec"), namespace)
+    assert namespace["RESOLVE_EVERY"] == RESOLVE_EVERY
+
+    class Clock:
+        now = 1000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+    class FakeClient:
+        made: list[FakeClient] = []
+
+        def __init__(self, endpoints: list[str], **kwargs: Any) -> None:
+            self.endpoints, self.closed = endpoints, False
+            FakeClient.made.append(self)
+
+        def infer(self, model: str, inputs: Any) -> list[str]:
+            assert not self.closed
+            return self.endpoints
+
+        def close(self) -> None:
+            self.closed = True
+
+    answers: list[Any] = []
+
+    def resolve(service: str) -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        result: list[str] = answer
+        return result
+
+    clock = Clock()
+    namespace.update(time=clock, Client=FakeClient, resolve_endpoints=resolve)
+    pods = namespace["Pods"]()
+    answers.append(socket.gaierror(-2, "Name or service not known"))
+    with pytest.raises(OSError):
+        pods.infer("demo", {})
+    answers.append(["tcp://10.0.0.1:5555"])
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(socket.gaierror(-2, "Name or service not known"))
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]  # the old client serves on
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]  # no resolve on every job
+    assert answers == [] and len(FakeClient.made) == 1
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(["tcp://10.0.0.1:5555"])  # the same pods: the same connections
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"] and len(FakeClient.made) == 1
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"])
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
+    assert FakeClient.made[0].closed and not FakeClient.made[1].closed
