@@ -2,12 +2,15 @@
 # tfsupervisor image: the daemon as PID 1 (it reaps orphans and drains on SIGTERM), its
 # TensorFlow workers beside it, running as an unprivileged user.
 #
-#   docker build -t tfsupervisor:0.1.0 .                                      # CPU (tensorflow-cpu)
-#   docker build --build-arg TF_EXTRA=tensorflow -t tfsupervisor:0.1.0-gpu .  # NVIDIA GPU
-#   docker run --rm -v $PWD/config.yaml:/etc/tfsupervisor/config.yaml:ro tfsupervisor:0.1.0
+#   docker build -t tfsupervisor:0.1.0 .                                           # CPU (tensorflow-cpu), x86_64
+#   docker build --build-arg TF_EXTRA=tensorflow-cuda -t tfsupervisor:0.1.0-gpu .  # NVIDIA GPU (CUDA wheels)
+#   docker build --build-arg TF_EXTRA=tensorflow -t tfsupervisor:0.1.0 .           # linux/arm64 (CPU)
+#   docker run --rm -p 127.0.0.1:5555:5555 \
+#       -v $PWD/deploy/docker/demo.yaml:/etc/tfsupervisor/config.yaml:ro tfsupervisor:0.1.0
 #
-# The config is mounted at /etc/tfsupervisor/config.yaml (Kubernetes: the ConfigMap in
-# deploy/kubernetes/). The demo model is built into /opt/tfsupervisor/models/demo; bake
+# The config is mounted at /etc/tfsupervisor/config.yaml (the demo: deploy/docker/demo.yaml;
+# Kubernetes: the ConfigMap in deploy/kubernetes/). None is built in: the demo's plain TCP
+# endpoint is for one machine, not a default an image run anywhere should fall back to. The demo model is built into /opt/tfsupervisor/models/demo; bake
 # your own models the same way (FROM this image, COPY) or mount them.
 # tests/test_container.py checks this file's parts without a Docker engine.
 
@@ -15,7 +18,9 @@ ARG PYTHON_VERSION=3.11
 
 # --- build: a venv with tfsupervisor and TensorFlow ----------------------------------------
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
-# tensorflow-cpu (default) or tensorflow (the CUDA wheel, for NVIDIA GPUs).
+# An extra of pyproject.toml: tensorflow-cpu (default; x86_64 only, it has no aarch64
+# wheels), tensorflow-cuda (NVIDIA GPUs: TensorFlow with the CUDA runtime, cuDNN and cuBLAS
+# as wheels, which python:slim lacks), or tensorflow (plain; the CPU build on aarch64).
 ARG TF_EXTRA=tensorflow-cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/tfsupervisor

@@ -2,8 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= config.yaml
-# Workers need TensorFlow: the CPU-only wheel unless this host has an NVIDIA driver.
-TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow || echo tensorflow-cpu)
+# Workers need TensorFlow: the CPU-only wheel unless this host has an NVIDIA driver, then
+# TensorFlow with its CUDA libraries (tensorflow[and-cuda]: the driver alone is not enough).
+# linux aarch64 has no tensorflow-cpu wheels: `make TF_EXTRA=tensorflow` there.
+TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow-cuda || echo tensorflow-cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 
 .PHONY: run test lint unit bench bench-peers install clean

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -101,7 +102,7 @@ def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert ("ARG", "TF_EXTRA=tensorflow-cpu") in build
-    assert {"tensorflow", "tensorflow-cpu"} <= set(extras)
+    assert {"tensorflow", "tensorflow-cpu", "tensorflow-cuda"} <= set(extras)
     assert any(w == "RUN" and 'pip install ".[${TF_EXTRA}]"' in r for w, r in build)
     # A non-root user, created with that uid, and the manifests run as the same one.
     users = [r for w, r in runtime if w == "USER"]
@@ -132,6 +133,40 @@ def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
     exposed = {int(p) for w, r in runtime if w == "EXPOSE" for p in r.split()}
     assert exposed == {p["containerPort"] for p in container(pod)["ports"]}
     assert "HEALTHCHECK" in runtime_words
+
+
+def gpu_build_extras() -> list[tuple[str, str]]:
+    """(where a GPU build is spelt out, the extra it installs)."""
+    found = []
+    for name in ("Dockerfile", "docs/deployment.md", "README.md"):
+        text = (REPO / name).read_text()
+        found += [(name, extra) for extra in
+                  re.findall(r"--build-arg TF_EXTRA=([\w-]+)[^\n]*(?:-gpu|GPUs)", text)]
+    overlay = (REPO / "deploy/kubernetes/overlays/gpu/kustomization.yaml").read_text()
+    gpu = re.search(r"TF_EXTRA=([\w-]+)\)", overlay)
+    assert gpu, "the GPU overlay names the build argument of its image"
+    found.append(("overlays/gpu", gpu.group(1)))
+    makefile = (REPO / "Makefile").read_text()
+    nvidia = re.search(r"nvidia-smi[^\n]*&& echo ([\w-]+) \|\|", makefile)
+    assert nvidia, "the Makefile picks an extra on an nvidia host"
+    found.append(("Makefile", nvidia.group(1)))
+    return found
+
+
+def test_the_gpu_image_and_an_nvidia_host_get_tensorflow_with_cuda() -> None:
+    """python:slim has no CUDA: the plain tensorflow wheel would find no GPU and run every
+    worker on the CPU, silently. The GPU build installs TensorFlow's and-cuda extra (the
+    CUDA runtime, cuDNN, cuBLAS as wheels), in the Dockerfile, the docs and the Makefile."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    found = gpu_build_extras()
+    assert {"Dockerfile", "docs/deployment.md", "README.md", "overlays/gpu", "Makefile"} <= \
+        {where for where, _ in found}, found
+    for where, extra in found:
+        assert extra in extras, (where, extra)
+        assert any(re.match(r"tensorflow\[and-cuda\]", r) for r in extras[extra]), (where, extra)
+    # The CPU image stays CPU-only.
+    assert extras["tensorflow-cpu"] == ["tensorflow-cpu>=2.16"]
 
 
 def test_what_the_dockerfile_copies_exists_and_is_in_the_build_context() -> None:
@@ -282,3 +317,74 @@ def test_the_daemon_as_pid_1_reaps_orphans_drains_and_exits_clean() -> None:
             daemon.kill()
         sup.stop()
         shutil.rmtree(sup.config_path.parent, ignore_errors=True)
+
+
+# --- the demo config for `docker run` --------------------------------------------------------
+
+DEMO = REPO / "deploy" / "docker" / "demo.yaml"
+
+
+def documented_docker_run() -> list[str]:
+    """The `docker run` of docs/deployment.md, continuation lines joined, split in words."""
+    text = (REPO / "docs" / "deployment.md").read_text().replace("\\\n", " ")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("docker run ")]
+    return line.split()
+
+
+def test_the_documented_docker_run_serves_the_demo_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy/docker/demo.yaml, as `docker run` mounts it: the daemon's loader and `check`
+    accept it with the image's paths laid out (the demo model where the Dockerfile builds it,
+    the runtime directory it creates), its endpoint is a port the image exposes and the
+    command publishes on the host's loopback only, and the HEALTHCHECK asks its status
+    socket. (The repository's config.yaml, which the docs mounted before, names a model
+    relative to itself and ipc endpoints that no published port reaches.)"""
+    from supervisor.cli.commands import main as cli_main
+    from supervisor.config.loading import load_config, parse_config
+
+    words = documented_docker_run()
+    runtime = stages(DOCKERFILE.read_text())[-1]
+    (cmd,) = [exec_form(r) for w, r in runtime if w == "CMD"]
+    config_path = cmd[cmd.index("-c") + 1]
+    volumes = [words[i + 1] for i, w in enumerate(words) if w == "-v"]
+    assert f"$PWD/{DEMO.relative_to(REPO)}:{config_path}:ro" in volumes, volumes
+    published = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published
+    config = parse_config(DEMO.read_text(), Path(config_path))
+    sup = config.supervisor
+    (endpoint,) = sup.endpoints
+    assert endpoint.startswith("tcp://0.0.0.0:")  # reachable through the published port
+    port = int(endpoint.rpartition(":")[2])
+    exposed = {int(p) for w, r in runtime if w == "EXPOSE" for p in r.split()}
+    assert port in exposed and f"127.0.0.1:{port}:{port}" in published
+    assert sup.metrics and int(sup.metrics.rpartition(":")[2]) in exposed
+    # The runtime directory is the one the image creates for its user, and the health check
+    # asks the status socket there.
+    assert str(config.runtime_dir) == "/run/tfsupervisor"
+    (make_dirs,) = [r for w, r in runtime if w == "RUN" and "mkdir" in r]
+    assert f"chown tfsupervisor:tfsupervisor {config.runtime_dir}" in make_dirs
+    (health,) = [r for w, r in runtime if w == "HEALTHCHECK"]
+    probe = build_parser().parse_args(exec_form(health.partition(" CMD ")[2])[1:])
+    assert probe.control == sup.control
+    # The model is the one the image builds.
+    for model in config.models.values():
+        assert model.saved_model == "/opt/tfsupervisor/models/demo"
+    assert "demo-model /opt/tfsupervisor/models/demo" in DOCKERFILE.read_text()
+    # `check` in the image's layout, every absolute path moved under a temporary root.
+    root = Path(f"/tmp/tfs-docker-{os.getpid()}")  # short: ipc paths are bounded
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        model_dir = root / "opt/tfsupervisor/models/demo"
+        model_dir.mkdir(parents=True)
+        (model_dir / "saved_model.pb").write_bytes(b"stand-in: check looks for the file")
+        (root / "run").mkdir()
+        (root / "etc/tfsupervisor").mkdir(parents=True)
+        text = re.sub(r"(?<![\w/])(/run|/opt/tfsupervisor)(?=/)", lambda m: f"{root}{m[1]}",
+                      DEMO.read_text())
+        file = root / config_path.lstrip("/")
+        file.write_text(text)
+        assert cli_main(["check", "-c", str(file)]) == 0, capsys.readouterr().err
+        assert "OK" in capsys.readouterr().out
+        assert str(load_config(file).runtime_dir) == f"{root}/run/tfsupervisor"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -237,7 +237,8 @@ CUSTOM_SCHEMAS = {
                                                        "pattern": "^https?://"},
                                      "query": {"type": "string"},
                                      "threshold": {"type": "string",
-                                                   "pattern": r"^[0-9]+(\.[0-9]+)?$"}}}}}}}}),
+                                                   "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                                     "ignoreNullValues": {"enum": ["true", "false"]}}}}}}}}),
 }
 
 
@@ -566,6 +567,11 @@ def test_scaling_triggers_read_queue_depth_the_daemon_exports(variant: str) -> N
         assert labels["namespace"] == namespace and labels["service"] == service
         assert set(labels) == {"model", "namespace", "service"}
         assert float(trigger["metadata"]["threshold"]) > 0
+        # An empty answer (nothing scraped: a ServiceMonitor Prometheus does not select) is
+        # an error that makes KEDA hold the fallback, not a 0 that holds the minimum.
+        assert trigger["metadata"]["ignoreNullValues"] == "false"
+        assert one(objects, "ScaledObject")["spec"]["fallback"]["replicas"] > \
+            one(objects, "ScaledObject")["spec"]["minReplicaCount"]
         models.append(labels["model"])
     assert sorted(models) == sorted(config.models)  # one trigger per model
 
@@ -591,3 +597,151 @@ def test_the_gpu_overlay_asks_for_a_gpu_its_workers_fit_on() -> None:
     assert pools <= card, (pools, card)
     base = rendered("base")
     assert "nvidia.com/gpu" not in container(base)["resources"]["limits"]
+
+
+# --- the image's name, once the registry is set ---------------------------------------------
+
+REGISTRY = "registry.example.com:5000/team"
+
+
+def edit_set_image(directory: Path, argument: str) -> None:
+    """`kustomize edit set image ARGUMENT` in ``directory``, as kustomize does it: NAME=NEW:TAG
+    sets the entry NAME's newName and newTag, NAME:TAG its newTag only; an entry that is not
+    there is added."""
+    file = directory / "kustomization.yaml"
+    spec = yaml.safe_load(file.read_text())
+    name, sep, new = argument.partition("=")
+    new_name, _, tag = (new if sep else name).rpartition(":")
+    if not sep:
+        name = new_name
+    images = spec.setdefault("images", [])
+    entry = next((i for i in images if i["name"] == name), None)
+    if entry is None:
+        entry = {"name": name}
+        images.append(entry)
+    if sep:
+        entry["newName"] = new_name
+    entry["newTag"] = tag
+    file.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def documented_image_edits() -> list[tuple[str, str]]:
+    """(directory, argument) of every `kustomize edit set image` docs/deployment.md gives."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    found = re.findall(r"cd (deploy/kubernetes/[\w/]+) && kustomize edit set image (\S+?)\)",
+                       text)
+    return [(d, a.replace("$REGISTRY", REGISTRY)) for d, a in found]
+
+
+def image_of(objects: list[dict[str, Any]]) -> str:
+    image: str = container(objects)["image"]
+    return image
+
+
+def test_the_registry_set_as_documented_keeps_each_variants_image(tmp_path: Path) -> None:
+    """The docs' commands run on a copy of the manifests: the base gets the CPU image from
+    the registry, the GPU overlay the -gpu one. (An overlay's images entry sees the image as
+    the base left it: setting the registry in the base alone made GPU pods run the CPU
+    image.)"""
+    edits = documented_image_edits()
+    assert {d for d, _ in edits} == {"deploy/kubernetes/base",
+                                     "deploy/kubernetes/overlays/gpu"}, edits
+    copy_root = tmp_path / "repo"
+    shutil.copytree(DEPLOY, copy_root / "deploy" / "kubernetes")
+    for directory, argument in edits:
+        edit_set_image(copy_root / directory, argument)
+    variants = {"base": copy_root / "deploy/kubernetes/base",
+                "gpu": copy_root / "deploy/kubernetes/overlays/gpu"}
+    want = {"base": f"{REGISTRY}/tfsupervisor:0.1.0", "gpu": f"{REGISTRY}/tfsupervisor:0.1.0-gpu"}
+    kubectl = shutil.which("kubectl")
+    for variant, directory in variants.items():
+        assert image_of(render(directory)) == want[variant], variant
+        if kubectl is not None:  # and kustomize itself agrees
+            out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                                 text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert image_of([o for o in yaml.safe_load_all(out.stdout) if o]) == want[variant]
+    # The base alone, as the docs said before: the overlay's tag matches nothing.
+    only_base = tmp_path / "only-base"
+    shutil.copytree(DEPLOY, only_base)
+    edit_set_image(only_base / "base", f"tfsupervisor={REGISTRY}/tfsupervisor:0.1.0")
+    assert image_of(render(only_base / "overlays" / "gpu")).endswith(":0.1.0")
+
+
+def test_the_gpu_overlays_image_entry_matches_what_the_base_names() -> None:
+    """In the repository as it is: the overlay's entry names the base's newName, so its tag
+    applies."""
+    def images(directory: Path) -> list[dict[str, str]]:
+        entries: list[dict[str, str]] = yaml.safe_load(
+            (directory / "kustomization.yaml").read_text())["images"]
+        return entries
+
+    (base,) = images(VARIANTS["base"])
+    assert base["newName"] in {i["name"] for i in images(VARIANTS["gpu"])}
+    assert image_of(rendered("gpu")) == f"{base['newName']}:{base['newTag']}-gpu"
+
+
+# --- the docs' failover client ----------------------------------------------------------------
+
+def test_the_documented_pods_client_keeps_its_client_when_a_resolve_fails() -> None:
+    """The `Pods` class of docs/deployment.md, run with a stand-in resolver and Client: a
+    failed re-resolve (a DNS blip, no pod ready for a moment) keeps the old client serving,
+    a new list replaces it (the old one closed), the same list keeps it, and a first
+    resolve that fails raises (nothing to fall back on)."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    section = text[text.index("### The failover client over the headless Service"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    code = code[:code.index("```")]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/deployment.md", "exec"), namespace)
+    assert namespace["RESOLVE_EVERY"] == RESOLVE_EVERY
+
+    class Clock:
+        now = 1000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+    class FakeClient:
+        made: list[FakeClient] = []
+
+        def __init__(self, endpoints: list[str], **kwargs: Any) -> None:
+            self.endpoints, self.closed = endpoints, False
+            FakeClient.made.append(self)
+
+        def infer(self, model: str, inputs: Any) -> list[str]:
+            assert not self.closed
+            return self.endpoints
+
+        def close(self) -> None:
+            self.closed = True
+
+    answers: list[Any] = []
+
+    def resolve(service: str) -> list[str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        result: list[str] = answer
+        return result
+
+    clock = Clock()
+    namespace.update(time=clock, Client=FakeClient, resolve_endpoints=resolve)
+    pods = namespace["Pods"]()
+    answers.append(socket.gaierror(-2, "Name or service not known"))
+    with pytest.raises(OSError):
+        pods.infer("demo", {})
+    answers.append(["tcp://10.0.0.1:5555"])
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(socket.gaierror(-2, "Name or service not known"))
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]  # the old client serves on
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"]  # no resolve on every job
+    assert answers == [] and len(FakeClient.made) == 1
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(["tcp://10.0.0.1:5555"])  # the same pods: the same connections
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.1:5555"] and len(FakeClient.made) == 1
+    clock.now += RESOLVE_EVERY + 1
+    answers.append(["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"])
+    assert pods.infer("demo", {}) == ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
+    assert FakeClient.made[0].closed and not FakeClient.made[1].closed

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from supervisor.cli.argtypes import timeout_seconds
 from supervisor.cli.render import render_explain, render_status
 from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import (
@@ -190,11 +191,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
     except JobError as exc:
-        if not args.ready:
-            print(f"error: {exc}", file=sys.stderr)
+        # Under --ready one line too: what a probe's failure event shows.
+        print(f"not ready: {exc}" if args.ready else f"error: {exc}", file=sys.stderr)
         return 2
-    if args.ready:  # a readiness probe: the exit code is the answer
-        return 0 if ready_for(report, args.model) else 1
+    if args.ready:  # a readiness probe: the exit code is the answer, and one line says why
+        reason = not_ready_reason(report, args.model)
+        if reason is None:
+            return 0
+        print(f"not ready: {reason}", file=sys.stderr)  # stdout stays empty
+        return 1
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -202,33 +207,65 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def ready_for(report: dict[str, Any], models: list[str] | None) -> bool:
-    """`status --ready`: the daemon's own answer (past start-up, not stopping, every
-    required model has a ready worker), or with ``models`` named: past start-up, not
-    stopping, and each of those has a ready worker now, required or not. A model the daemon
-    does not serve is not ready: a probe that names it fails loudly rather than passing."""
-    if not models:
-        return bool(report.get("ready"))
+def not_ready_reason(report: dict[str, Any], models: list[str] | None) -> str | None:
+    """Why `status --ready` fails, in one line; None when ready. Ready: the daemon's own
+    answer (past start-up, not stopping, every required model has a ready worker), or with
+    ``models`` named: past start-up, not stopping, and each of those has a ready worker now,
+    required or not. A model the daemon does not serve is not ready: a probe that names it
+    fails loudly rather than passing."""
     served = report.get("models", {})
-    return bool(report.get("serving")) and all(
-        name in served and any(w.get("state") == "ready" for w in served[name]["workers"])
-        for name in models)
+    if report.get("stopping"):
+        return "the supervisor is stopping (draining: new jobs are answered shutting_down)"
+    if not models:
+        if report.get("ready"):
+            return None
+        models = sorted(m for m, s in served.items() if s.get("required", True)
+                        and not s.get("removed"))
+    elif report.get("serving") and all(
+            name in served and any(w.get("state") == "ready" for w in served[name]["workers"])
+            for name in models):
+        return None
+    unknown = [m for m in models if m not in served]
+    if unknown:
+        return (f"this supervisor does not serve {', '.join(map(repr, unknown))} (it serves "
+                f"{', '.join(sorted(served)) or 'no model'})")
+    waiting = [m for m in models
+               if not any(w.get("state") == "ready" for w in served[m]["workers"])]
+    if waiting:
+        return "no ready worker for " + "; ".join(_why_no_worker(m, served[m]) for m in waiting)
+    return "starting: not every required model has had its ready workers yet"
+
+
+def _why_no_worker(name: str, model: dict[str, Any]) -> str:
+    states = sorted(w.get("state", "?") for w in model["workers"])
+    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "no worker"
+    error = f"; last error: {model['last_error']}" if model.get("last_error") else ""
+    return f"{name!r} ({counts}{error})"
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Kubernetes' preStop hook: start the drain now (SIGTERM to the supervisor that owns
     the runtime directory), then wait until every job it had is answered. The pod reads not
     ready at once and new jobs are answered shutting_down (clients send them elsewhere).
-    It returns before the daemon exits: a hook still running when the container's first
-    process ends is reported as failed."""
+    With jobs to finish it returns before the daemon exits; an idle daemon may exit before
+    the first look, which is a drain done too."""
     from supervisor.client.client import JobError, control
     from supervisor.daemon.instance_lock import LOCK_NAME
 
-    runtime_dir, endpoint, budget = _drain_target(args)
+    runtime_dir, endpoint, budget, problem = _drain_target(args)
     timeout = args.timeout if args.timeout is not None else budget
     lock = runtime_dir / LOCK_NAME
-    pid = _lock_holder(lock)
+    try:
+        pid = _lock_holder(lock)
+    except PermissionError:
+        print(f"error: not permitted to read {lock}: run drain as the supervisor's user "
+              "(or one in its socket group)", file=sys.stderr)
+        return 1
     if pid is None:
+        if problem is not None:  # it may run from another runtime directory: not drained
+            print(f"error: cannot use {args.config}: {problem}; no supervisor holds {lock}, "
+                  "where this file would put it: nothing was drained", file=sys.stderr)
+            return 1
         print(f"no supervisor holds {lock}: nothing to drain")
         return 0
     try:
@@ -236,6 +273,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
     except ProcessLookupError:
         print(f"supervisor {pid} is gone: nothing to drain")
         return 0
+    except PermissionError:
+        print(f"error: not permitted to signal supervisor {pid}: run drain as the user it "
+              "runs as", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -257,24 +298,29 @@ def cmd_drain(args: argparse.Namespace) -> int:
         time.sleep(0.2)
 
 
-def _drain_target(args: argparse.Namespace) -> tuple[Path, str, float]:
+def _drain_target(args: argparse.Namespace) -> tuple[Path, str, float, str | None]:
     """(runtime dir, status endpoint, how long the drain may take: shutdown_timeout plus
-    STOP_GRACE). A config that no longer validates still names where the running daemon
-    is (its sockets); the drain then gets the default budget."""
+    STOP_GRACE, why the config could not be used or None). A config that no longer
+    validates (or no longer parses) still names where the running daemon is, as far as
+    it can be read: the drain then gets the default budget, and the caller fails rather
+    than report 'nothing to drain' when no daemon is found there."""
     from supervisor.core.lifecycle import STOP_GRACE
 
     try:
         config = load_config(args.config)
-    except ConfigErrors:
+    except ConfigErrors as errors:
+        problem = str(errors.errors[0]).splitlines()[0] if errors.errors else "invalid"
+        if len(errors.errors) > 1:
+            problem += f" (and {len(errors.errors) - 1} more error(s))"
         endpoint = control_endpoints(args.config).control
         if not endpoint.startswith("ipc://"):
             print(f"error: {args.config} does not validate and its status endpoint is not "
                   "ipc: cannot find the supervisor's runtime directory", file=sys.stderr)
             raise SystemExit(1) from None
         default = SupervisorSection().shutdown_timeout
-        return Path(endpoint[len("ipc://"):]).parent, endpoint, default + STOP_GRACE
+        return Path(endpoint[len("ipc://"):]).parent, endpoint, default + STOP_GRACE, problem
     sup = config.supervisor
-    return config.runtime_dir, sup.control, sup.shutdown_timeout + STOP_GRACE
+    return config.runtime_dir, sup.control, sup.shutdown_timeout + STOP_GRACE, None
 
 
 def _lock_holder(lock: Path) -> int | None:
@@ -534,29 +580,31 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--random", action="store_true",
                        help="generate every input from the model's spec")
     infer.add_argument("--batch", type=int, default=1, help="batch size with --random")
-    infer.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    infer.add_argument("--timeout", type=timeout_seconds, default=30.0,
+                       help="seconds (default 30)")
     status = add("status", cmd_status, "Show models and workers of a running supervisor.")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.add_argument("--timeout", type=float, default=5.0)
+    status.add_argument("--timeout", type=timeout_seconds, default=5.0)
     status.add_argument("--ready", action="store_true",
-                        help="print nothing; exit 0 only if the daemon is serving and every "
-                        "required model has a ready worker (probes)")
+                        help="exit 0 only if the daemon is serving and every required model "
+                        "has a ready worker (probes); otherwise one line on stderr says why")
     status.add_argument("--model", action="append", metavar="NAME",
                         help="with --ready: the answer depends on these models (repeatable), "
                         "each needing a ready worker, instead of the required ones")
     drain = add("drain", cmd_drain, "Start a running supervisor's drain (SIGTERM) and wait "
                 "until it has answered every job; for Kubernetes' preStop hook.")
-    drain.add_argument("--timeout", type=_wait_seconds, metavar="SECONDS",
+    drain.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS",
                        help="give up (exit 1) after this long (default: "
                        "supervisor.shutdown_timeout + 5s)")
     top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
-    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--interval", type=timeout_seconds, default=1.0,
+                     help="seconds between refreshes")
     explain = add("explain", cmd_explain, "Why a model's workers grow: per worker, the "
                   "suspected cause and its remedy, the probes' trends, the input shapes and "
                   "Python types that grew it.")
     explain.add_argument("model")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
-    explain.add_argument("--timeout", type=float, default=5.0)
+    explain.add_argument("--timeout", type=timeout_seconds, default=5.0)
     from supervisor.cli.tune import add_arguments as tune_arguments
     tune_arguments(add("tune", cmd_tune, "Suggest each model's policy (warm-up, max_memory, "
                        "trend limits) and batch and padding sizes from what its workers and "
@@ -565,10 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
     recycle = add("recycle", cmd_recycle, "Gracefully replace a model's workers (or one).")
     recycle.add_argument("model")
     recycle.add_argument("--worker", help="only this worker id (default: all, K at a time)")
-    recycle.add_argument("--timeout", type=float, default=10.0)
+    recycle.add_argument("--timeout", type=timeout_seconds, default=10.0)
     reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
                  "for the outcome (exit 1 if it was rejected).")
-    reload.add_argument("--timeout", type=float, default=30.0)
+    reload.add_argument("--timeout", type=timeout_seconds, default=30.0)
     reload.add_argument("--wait", type=_wait_seconds, metavar="SECONDS",
                         help="then wait up to this long until every model serves on workers "
                         "of the settings now in force: exit 1 if a model's workers fail to "

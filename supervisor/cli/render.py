@@ -21,11 +21,13 @@ def render_status(report: dict[str, Any]) -> str:
                          growth_1k, growth_h, format_duration(w.get("seconds_to_limit")),
                          format_size(w.get("vram")), str(w["jobs"]), format_duration(w["age"]),
                          str(w.get("slot", "-")), _worker_note(w, model.get("limits") or {})))
-        notes.append(_model_note(name, model))
+        notes.append(_model_note(name, model, bool(report.get("stopping"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in rows]
-    return "\n".join([*lines, "", *notes])
+    head = ["STOPPING: draining (queued and running jobs are answered, new ones get "
+            "shutting_down; not ready)", ""] if report.get("stopping") else []
+    return "\n".join([*head, *lines, "", *notes])
 
 
 def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
@@ -51,9 +53,11 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
     return "; ".join(parts)
 
 
-def _model_note(name: str, model: dict[str, Any]) -> str:
+def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str:
     recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
     state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    if stopping:  # its workers finish what they have; it takes nothing new
+        state = "DRAINING (the supervisor is stopping)"
     if model["available"] and model.get("failing_to_start"):  # old workers serve on
         state += f"; NEW WORKERS FAIL TO START: {model['last_error']} (retried with back-off)"
     if model.get("removed"):

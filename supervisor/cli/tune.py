@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from supervisor.cli.argtypes import timeout_seconds
 from supervisor.config.keys import Config, ModelConfig
 from supervisor.config.loading import load_config, parse_config
 from supervisor.config.settings import ConfigErrors
@@ -65,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default 10%%)")
     parser.add_argument("--headroom", type=_fraction, default=0.25, metavar="PERCENT",
                         help="max_memory above the highest healthy figure (default 25%%)")
-    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--timeout", type=timeout_seconds, default=30.0,
+                        help="seconds to wait for each answer (default 30)")
 
 
 def _duration(text: str) -> float:

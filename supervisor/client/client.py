@@ -52,7 +52,7 @@ from supervisor.shared.protocol import (
     pack_arrays,
     unpack_arrays,
 )
-from supervisor.shared.transport import recv, send
+from supervisor.shared.transport import ipv6_for, recv, send
 
 POLLIN = int(zmq.POLLIN)
 
@@ -121,6 +121,7 @@ def _dealer(context: zmq.Context[Any], endpoints: list[str], immediate: bool = T
     if curve is not None:
         make_curve_client(sock, *curve)
     for endpoint in endpoints:
+        sock.setsockopt(zmq.IPV6, ipv6_for(endpoint))  # each connect takes the value it sees
         sock.connect(endpoint)
     return sock
 
@@ -135,6 +136,7 @@ def watched_dealer(context: zmq.Context[Any], endpoint: str,
     if curve is not None:
         make_curve_client(sock, *curve)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.setsockopt(zmq.IPV6, ipv6_for(endpoint))  # tcp://[::1]:N needs it
     sock.connect(endpoint)
     return sock, monitor
 

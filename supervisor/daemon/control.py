@@ -145,7 +145,8 @@ class Controller:
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
-        return {"serving": self.serving(), "ready": self.ready(), "models": models}
+        return {"serving": self.serving(), "ready": self.ready(),
+                "stopping": self.core.shutdown_started is not None, "models": models}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))

@@ -51,7 +51,7 @@ from supervisor.shared.protocol import (
     pack_job,
     split_envelope,
 )
-from supervisor.shared.transport import NOBLOCK, recv, send
+from supervisor.shared.transport import NOBLOCK, ipv6_for, recv, send
 
 log = logs.get(__name__)
 
@@ -163,6 +163,7 @@ class Daemon:
                 path.unlink()  # left by a previous run that died
             previous = os.umask(0o177)  # no moment when others could open the socket file
             try:
+                sock.setsockopt(zmq.IPV6, ipv6_for(endpoint))  # tcp://[::1]:N, tcp://*:N
                 sock.bind(endpoint)
             finally:
                 os.umask(previous)

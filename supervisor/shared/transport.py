@@ -62,3 +62,12 @@ def recv(sock: zmq.Socket[Any], flags: int = 0) -> list[Frame]:
         else:
             frames.append(frame)
     return frames
+
+
+def ipv6_for(endpoint: str) -> int:
+    """ZeroMQ's IPV6 option for connecting or binding ``endpoint``: 1 for an IPv6 address in
+    brackets (``tcp://[::1]:5555``, which ZeroMQ refuses without it) and for the wildcard
+    (``tcp://*:5555`` then takes both families), 0 otherwise. Not 1 everywhere: with it on,
+    ZeroMQ resolves a host or interface name to its IPv6 addresses only, and a name that has
+    both would never reach a server bound to IPv4."""
+    return int(endpoint.startswith(("tcp://[", "tcp://*:")))
