@@ -628,8 +628,8 @@ def foreign_owner(monkeypatch: pytest.MonkeyPatch, config: Path) -> list[tuple[i
         fields[4:6] = [65534, 65534]
         return os.stat_result(fields)
 
-    monkeypatch.setattr("supervisor.cli.tune.os.stat", fake_stat)
-    monkeypatch.setattr("supervisor.cli.tune.os.chown",
+    monkeypatch.setattr("supervisor.cli.tune_write.os.stat", fake_stat)
+    monkeypatch.setattr("supervisor.cli.tune_write.os.chown",
                         lambda path, uid, gid: calls.append((uid, gid)))
     return calls
 
@@ -658,7 +658,7 @@ def test_write_refuses_when_it_cannot_keep_the_owner(
     def refuse(*args: Any) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr("supervisor.cli.tune.os.chown", refuse)
+    monkeypatch.setattr("supervisor.cli.tune_write.os.chown", refuse)
     assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
     captured = capsys.readouterr()
     assert "belongs to uid 65534, gid 65534" in captured.err
@@ -777,7 +777,7 @@ def test_write_shows_no_diff_when_it_cannot_write(
     def denied(*args: Any, **kwargs: Any) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("supervisor.cli.tune.tempfile.mkstemp", denied)  # a read-only dir
+    monkeypatch.setattr("supervisor.cli.tune_write.tempfile.mkstemp", denied)  # a read-only dir
     assert main(["tune", "-c", str(config), "--history", str(saved), "--write"]) == 1
     captured = capsys.readouterr()
     assert "cannot write" in captured.err and "left unchanged" in captured.err
