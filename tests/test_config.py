@@ -267,7 +267,9 @@ def test_hostile_model_values(model: str, fragment: str) -> None:
 @pytest.mark.parametrize(("text", "fragment"), [
     ("a: " + "1" * 5000, "not valid YAML: Exceeds the limit (4300 digits)"),
     ("a: 2024-13-45", "not valid YAML: month must be in 1..12"),
-    ("a: " + "[" * 5000, "not valid YAML: nested too deeply"),
+    # libyaml stops it itself ("exceeded maximum nesting depth"); Python's parser would
+    # run out of stack ("nested too deeply"): either way a clear refusal, no traceback
+    ("a: " + "[" * 5000, "not valid YAML: "),
     ("a: \x00", "not valid YAML"),
     ("{" + BIG + ": 1}", "unknown key"),
 ])
@@ -455,3 +457,23 @@ def test_aliases_that_expand_past_any_config_are_refused_at_once() -> None:
     shared = "models:\n  m:\n    handler: worker.handlers:echo\n    options:\n" + \
         "\n".join(levels[:3]) + "\n"  # a thousand values through aliases: fine
     parse_config(shared)
+
+
+def test_options_that_could_never_reach_a_worker_are_refused_by_check() -> None:
+    """Options travel to the worker as JSON in its environment. check used to pass what
+    every spawn then failed on: a long string aliased 90,000 times (900 MB expanded, the
+    daemon stalled seconds per spawn, then E2BIG), a 1 MiB string, a date or NaN."""
+    head = "models:\n  m:\n    handler: worker.handlers:echo\n    options:\n"
+    aliased = head + f"      s: &s \"{'x' * 10_000}\"\n      l: [" + \
+        ", ".join(["*s"] * 9_000) + "]\n"
+    started = time.monotonic()
+    with pytest.raises(ConfigErrors, match=r"models\.m\.options: about .* KiB travel to a worker"):
+        parse_config(aliased)
+    assert time.monotonic() - started < 5
+    with pytest.raises(ConfigErrors, match="KiB travel to a worker"):
+        parse_config(head + f"      big: \"{'y' * 70_000}\"\n")
+    for value, said in (("2024-01-01", "is a date"), (".nan", "is nan"), ("!!binary aGVsbG8=",
+                                                                       "is a bytes")):
+        with pytest.raises(ConfigErrors, match=f"models.m.options: options.v {said}"):
+            parse_config(head + f"      v: {value}\n")
+    parse_config(head + "      v: [1, 2.5, text, null, true, {k: v}]\n")  # JSON values: fine

@@ -705,3 +705,19 @@ def test_a_retry_started_before_the_fix_failing_after_it_is_not_the_fix_failing(
     assert world.core.reload(parse_config(BASE, path), world.now).retried == ["a"]
     world.exit(probe, WorkerExit.LOAD_ERROR)  # it had loaded the broken file
     assert state.last_error is None and state.failures == 0 and not state.unavailable
+
+
+def test_recycle_and_reload_are_refused_while_stopping() -> None:
+    """They used to answer success ("recycling ..., replacement first") though no
+    replacement can start during a shutdown."""
+    world = World()
+    world.ready("a-1")
+    world.core.shutdown(world.now, "SIGTERM")
+    answers: list[dict[str, Any]] = []
+    controller = Controller(world.core, lambda answer: answers.append({}), lambda: False,
+                            lambda: False)
+    for command in ({"command": "recycle", "model": "a"}, {"command": "reload"}):
+        result = controller.handle(command, world.now, True, answers.append)
+        assert result is not None and not result["ok"] and "stopping" in result["error"]
+    assert not answers
+    assert controller.handle({"command": "status"}, world.now, True, answers.append)["ok"]

@@ -590,7 +590,8 @@ def test_a_removal_applies_while_the_config_read_hangs(keys: Path) -> None:
         hang = sup.config_path.parent / "HANG"
         hang.touch()
         out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint)
-        assert out.returncode == 1 and "the client keys were re-read" in out.stderr, out
+        assert out.returncode == 1 and "the client keys read before it apply" in out.stderr, \
+            out
         assert not admitted("stranger") and admitted("client")
         (keys / "authorized_clients" / "admin.key").unlink()  # while the read is stuck
         out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint)
@@ -599,6 +600,26 @@ def test_a_removal_applies_while_the_config_read_hangs(keys: Path) -> None:
         while admitted("admin"):
             assert time.monotonic() < deadline, "the removal never applied"
         assert admitted("client")
+        # A reload asked for while another's read is in flight, and that read then hangs:
+        # its keys are re-read all the same (they were read before the removal).
+        hang.unlink()
+        while _cli("reload", "-c", str(sup.config_path)).returncode != 0:
+            assert time.monotonic() < deadline + 30, "the stuck read never returned"
+        shutil.copy(keys / "stranger.key", keys / "authorized_clients" / "stranger.key")
+        assert _cli("reload", "-c", str(sup.config_path)).returncode == 0
+        assert admitted("stranger")
+        hang.touch()
+        reload = [*CLI, "reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint]
+        # Whichever arrives first starts the read; the other is queued behind it (or, on a
+        # slow machine, refused as stuck): every way, the keys are read again for it.
+        first = subprocess.Popen(reload, stderr=subprocess.PIPE, text=True)
+        (keys / "authorized_clients" / "stranger.key").unlink()
+        second = subprocess.Popen(reload, stderr=subprocess.PIPE, text=True)
+        assert first.wait(60) == 1 and second.wait(60) == 1
+        assert "being re-read" in second.communicate()[1]
+        deadline = time.monotonic() + 30
+        while admitted("stranger"):
+            assert time.monotonic() < deadline, "the queued reload's removal never applied"
         hang.unlink()
     finally:
         sup.stop()

@@ -231,7 +231,10 @@ class ModelConfig:
         Optional(Str()), None, "A user handler 'module:factory'; factory(options) returns a "
         "callable from dict of arrays to dict of arrays.")
     signature: str = setting(Str(), "serving_default", "SavedModel signature to serve.")
-    options: dict[str, Any] = setting(FreeMap(), {}, "Passed to the handler factory.")
+    options: dict[str, Any] = setting(FreeMap(), {}, "Passed to the handler factory: JSON "
+                                         "values, at most 64 KiB as JSON (they travel in the "
+                                         "worker's environment); larger data belongs in a "
+                                         "file the handler reads.")
     workers: int = setting(Int(1, MAX_WORKERS), 1, "Worker processes serving this model "
                            "(at most 256).")
     required: bool = setting(

@@ -35,12 +35,19 @@ from supervisor.config.settings import (
     parse_section,
     section_schema,
 )
+from supervisor.config.worker_spec import ENV_VAR, SpawnError, check_options
 
 # A config file larger than this is not a config file (and is not read whole into memory):
-# a real one is a few KiB, and parsing 16 MiB of YAML took half a minute of CPU.
-MAX_CONFIG_BYTES = 1024**2
+# a real one is a few KiB, and parsing 1 MiB of YAML took 12 s of CPU in pure Python (on
+# the reload thread, whose GIL stalled the loop for seconds).
+MAX_CONFIG_BYTES = 256 * 1024
 # Values a config may hold once its YAML aliases are expanded (a real one holds hundreds).
 MAX_CONFIG_VALUES = 100_000
+# libyaml's parser where PyYAML has it (its wheels do): several times faster than the
+# pure-Python one, and the same safe constructor.
+SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# A model's options as JSON, at most (see options_problem).
+MAX_OPTIONS_BYTES = 64 * 1024
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -103,18 +110,46 @@ def _text(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def expanded_size(value: object, limit: int) -> int:
-    """How many values ``value`` holds once YAML aliases are expanded, counted up to just
-    past ``limit``. A 524-byte file of aliases nested seven deep is 10 million values: each
-    worker spawn expanded it (its options travel as JSON), froze the loop for 16 s and then
-    failed with E2BIG. Shared nodes are sized once (memo by id), so this is cheap whatever
-    the nesting."""
+def _safe_load(text: str) -> Any:
+    """YAML through libyaml (fast); a file it refuses is parsed again by PyYAML's own parser,
+    whose error shows the offending line with a caret (libyaml's gives a position only)."""
+    try:
+        return yaml.load(text, Loader=SAFE_LOADER)
+    except yaml.YAMLError:
+        if SAFE_LOADER is yaml.SafeLoader:
+            raise
+    return yaml.load(text, Loader=yaml.SafeLoader)
+
+
+def options_problem(options: object) -> str | None:
+    """Why a model's options could never reach its workers, or None. They travel as JSON in
+    one environment variable (Linux takes 128 KiB in one): `check` and reload run the test
+    the spawn runs, instead of every spawn failing later."""
+    size = expanded_size(options, MAX_OPTIONS_BYTES, text_bytes=True)
+    if size > MAX_OPTIONS_BYTES:
+        return (f"about {size:,} bytes or more as JSON; at most {MAX_OPTIONS_BYTES // 1024} "
+                "KiB travel to a worker: put large data in a file the handler reads")
+    try:
+        check_options(options)
+    except SpawnError as exc:
+        return str(exc).removeprefix(f"{ENV_VAR}: ")
+    return None
+
+
+def expanded_size(value: object, limit: int, text_bytes: bool = False) -> int:
+    """How many values ``value`` holds once YAML aliases are expanded (``text_bytes``: how
+    many bytes, about, as JSON), counted up to just past ``limit``. A 524-byte file of
+    aliases nested seven deep is 10 million values, and one long string aliased 90,000
+    times is 900 MB: each worker spawn expanded it (its options travel as JSON), froze the
+    loop and then failed with E2BIG. Shared nodes are sized once (memo by id), so this is
+    cheap whatever the nesting."""
     memo: dict[int, int] = {}
 
     def size(node: object) -> int:
         if id(node) in memo:
             return memo[id(node)]
-        total = 1
+        total = 8 + len(node) if text_bytes and isinstance(node, str) else \
+            8 if text_bytes else 1
         children = node.values() if isinstance(node, dict) else \
             node if isinstance(node, list) else ()
         for child in children:
@@ -132,7 +167,7 @@ def expanded_size(value: object, limit: int) -> int:
 
 def _parse_config(text: str, file: Path | None) -> Config:
     try:
-        raw = yaml.safe_load(text)
+        raw = _safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigErrors([ConfigError("", f"not valid YAML: {exc}")]) from None
     except RecursionError:
@@ -166,6 +201,10 @@ def _parse_config(text: str, file: Path | None) -> Config:
     if errors:
         raise ConfigErrors(errors)
     models = {name: _resolve_paths(model, base) for name, model in top.models.items()}
+    errors.extend(ConfigError(f"models.{name}.options", problem) for name, model in
+                  models.items() if (problem := options_problem(model.options)) is not None)
+    if errors:
+        raise ConfigErrors(errors)
     curve = sup.curve
     if curve.server_secret_key and curve.authorized_clients:
         sup = dataclasses.replace(sup, curve=CurveConfig(
@@ -233,7 +272,7 @@ def _supervisor_section(file: Path) -> dict[str, Any]:
     except OSError:
         return {}
     try:
-        raw = yaml.safe_load(text)
+        raw = _safe_load(text)
         section = raw.get("supervisor") if isinstance(raw, dict) else None
         return section if isinstance(section, dict) else {}
     except Exception:  # not YAML: the plain key: value lines are the best guess left
@@ -343,7 +382,9 @@ def config_reference() -> str:
              "Sizes take bytes or units (`512MiB`, `2GB`); durations take seconds or units "
              "(`250ms`, `30s`, `5m`, `24h`, `2d`). `null` turns an optional limit off. "
              "Numbers must be finite: sizes and integers at most 2^63-1, durations at most "
-             "10 years. Strings may not contain NUL characters.", ""]
+             "10 years. Strings may not contain NUL characters. A config file is a "
+             f"regular file of at most {MAX_CONFIG_BYTES // 1024} KiB holding at most "
+             f"{MAX_CONFIG_VALUES:,} values once its YAML aliases are expanded.", ""]
     for prefix, cls, text in sections:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]

@@ -245,6 +245,11 @@ def _one_of(name: str, value: object, choices: tuple[str, ...]) -> None:
                          f"got {_show(value)}")
 
 
+def check_options(options: object) -> None:
+    """SpawnError unless ``options`` can travel to a worker (see _options)."""
+    _options(options)
+
+
 def _options(options: object) -> None:
     """A JSON object of JSON values (no NaN), so that it travels and comes back unchanged."""
     if not isinstance(options, dict):

@@ -42,6 +42,9 @@ class Controller:
             return {"ok": False, "error": f"{command!r} changes the service: send it to the "
                     "admin endpoint (supervisor.admin), which only the service user, "
                     "admin_group or curve.admin_clients may reach"}
+        if command in ADMIN_COMMANDS and self.core.shutdown_started is not None:
+            return {"ok": False, "error": f"the supervisor is stopping (draining its jobs): "
+                    f"{command} no longer applies"}
         if command == "explain":
             return self.explain(header.get("model"))
         if command == "tune":

@@ -512,8 +512,7 @@ class Daemon:
         if outcome.timed_out:
             error = (f"reading {read.path} took longer than {self.reloader.timeout:g}s (a "
                      "file system that does not answer, a hung mount, or a file too large to "
-                     "parse); the config was not changed" +
-                     (", the client keys were re-read and apply" if read.keys else ""))
+                     "parse); the config was not changed" + _keys_told(outcome))
             log.error("config_rejected", path=str(read.path), errors=[error])
             return {"ok": False, "error": f"config rejected, running config kept: {error}"}
         if read.error is not None or read.config is None:
@@ -582,6 +581,12 @@ class Daemon:
         with contextlib.suppress(Exception):
             self._read_requests()
             self._perform()
+
+
+def _keys_told(outcome: Outcome) -> str:
+    if outcome.keys_again:
+        return ", the client keys are being re-read and apply when read"
+    return ", the client keys read before it apply" if outcome.read.keys else ""
 
 
 def _exited(pid: int) -> bool:

@@ -9,7 +9,9 @@ blocked in the kernel cannot be stopped); until it returns, further reloads are 
 once rather than stacking more stuck threads.
 
 Every requester gets one answer. A reload asked for while a read is in flight is answered
-by the read after it, so a change made after the first read began is never missed.
+by the read after it, so a change made after the first read began is never missed; if the
+read in flight times out instead, they get its answer, and the client keys are re-read for
+them (a removal always applies).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Outcome:
     read: Read
     answers: list[Answer]
     timed_out: bool = False
+    keys_again: bool = False  # timed out with reloads queued: their keys are being re-read
 
 
 class Reloader:
@@ -77,13 +80,8 @@ class Reloader:
         """Start a read (or queue one after the read in flight). An error to answer at
         once, or None: the answer comes with the outcome."""
         if self.stuck is not None and not self.stuck.done.is_set():
-            keys = ""
-            if curve is not None:  # a removal applies all the same, as soon as it is read
-                if self.keys_only is None:
-                    self.keys_only = Read(None, curve)
-                    threading.Thread(target=self.keys_only.run, args=(self.wake,),
-                                     name="keys-read", daemon=True).start()
-                keys = "; the client keys are being re-read and apply when read"
+            keys = "; the client keys are being re-read and apply when read" \
+                if self._read_keys(curve) else ""  # a removal applies all the same
             return {"ok": False, "error": f"config rejected, running config kept: the read "
                     f"of {self.stuck.path} started {now - self.stuck_since:.0f}s ago has not "
                     f"returned (a file system that does not answer, or a file too large to "
@@ -129,8 +127,20 @@ class Reloader:
         self.current, self.answers = None, []
         if self.again is not None:
             queued, self.again = self.again, None
-            if result.timed_out:  # the next read would hang on the same file system
-                result.answers += [a for a in queued if a is not None]
+            if result.timed_out:  # the next read would hang on the same file system; the
+                result.answers += [a for a in queued if a is not None]  # keys may not
+                result.keys_again = self._read_keys(curve)
             else:
                 self._start(path, curve, [a for a in queued if a is not None], now)
         return result
+
+    def _read_keys(self, curve: CurveConfig | None) -> bool:
+        """Re-read the client keys alone (a config read is stuck): a removal made since the
+        last read applies when they are read. False if there are no keys to read."""
+        if curve is None:
+            return False
+        if self.keys_only is None:
+            self.keys_only = Read(None, curve)
+            threading.Thread(target=self.keys_only.run, args=(self.wake,), name="keys-read",
+                             daemon=True).start()
+        return True
