@@ -179,10 +179,10 @@ def _parse_config(text: str, file: Path | None) -> Config:
     if not isinstance(raw, dict):
         raise ConfigErrors([ConfigError("", "expected a mapping at the top of the file")])
     if (size := expanded_size(raw, MAX_CONFIG_VALUES)) > MAX_CONFIG_VALUES:
-        raise ConfigErrors([ConfigError("", f"the file expands to more than "
-                                        f"{MAX_CONFIG_VALUES:,} values through YAML aliases "
-                                        f"(an anchor used over and over: {size:,} at least); "
-                                        "not a config file")])
+        raise ConfigErrors([ConfigError("", f"the file holds more than "
+                                        f"{MAX_CONFIG_VALUES:,} values ({size:,} at least, "
+                                        "YAML aliases counted each time they are used): not "
+                                        "a config file")])
     errors: list[ConfigError] = []
     try:
         top = parse_section(RawConfig, _with_default_policy(raw), "")
