@@ -303,3 +303,15 @@ def test_a_certificate_that_is_no_regular_file_is_refused_without_blocking(
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert f"server_secret_key: {fifo}: not a regular file" in out.stdout + out.stderr
+
+
+def test_loopback_is_told_by_address_not_by_how_it_is_spelled() -> None:
+    """Every spelling of loopback needs no CURVE; a host name that merely begins with
+    "127." is not loopback, and was let through without encryption."""
+    for host in ("127.0.0.1", "127.1.2.3", "[::1]", "[0:0:0:0:0:0:0:1]",
+                 "[::ffff:127.0.0.1]", "localhost", "LOCALHOST", "ip6-localhost", "lo"):
+        parse_config(MODEL + f"supervisor: {{endpoints: ['tcp://{host}:5555']}}")
+    for host in ("127.attacker.example", "10.0.0.1", "[::2]", "[::ffff:10.0.0.1]",
+                 "0.0.0.0", "*", "eth0"):
+        assert "without encryption" in _errors(
+            MODEL + f"supervisor: {{endpoints: ['tcp://{host}:5555']}}"), host

@@ -7,6 +7,7 @@ nothing of the loader.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -532,10 +533,23 @@ def _metrics_address(path: str, address: str) -> list[ConfigError]:
     return []
 
 
+# Names that mean the loopback interface itself: ZeroMQ binds to an interface by its name.
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback", "lo"})
+
+
 def is_loopback(endpoint: str) -> bool:
-    """tcp://127.x.x.x:port, tcp://[::1]:port or tcp://localhost:port."""
-    host = endpoint.partition("://")[2].rpartition(":")[0].strip("[]")
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+    """A tcp:// endpoint on a loopback address (127.0.0.0/8, ::1 in any spelling, an IPv4
+    address mapped into IPv6) or the loopback's names. A host name that merely begins with
+    "127." is not one."""
+    host = endpoint.partition("://")[2].rpartition(":")[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower() in LOOPBACK_NAMES
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _exposed(path: str, endpoints: tuple[str, ...], control: str,
