@@ -306,17 +306,21 @@ class Daemon:
         """Exited workers, each after its process tree is taken down, then any other child
         that exited: orphans re-parented to us (a subreaper, or PID 1 in a container)."""
         for worker_id, process in list(self.processes.items()):
-            if _exited(process.pid):  # its zombie holds its group's number: safe to kill
+            exited = _exited(process.pid)  # one waitid a worker a turn, nothing reaped
+            if exited is None:
+                continue
+            if exited:  # its zombie holds its group's number: safe to kill the group
                 killed = self.trees.take_down(process.pid)
                 if killed:
                     log.warning("worker_descendants_killed", worker=worker_id, count=killed)
-            code = process.poll()
+            code = process.poll()  # reaps it (or, no longer our child, reads as gone)
             if code is not None:
                 del self.processes[worker_id]
                 self.output.finish(worker_id, now)  # its last lines before its exit event
                 self.core.exited(worker_id, code, now)
-        workers = {process.pid for process in self.processes.values()}
-        while (pid := _exited_child(workers)) is not None:
+        while (pid := _exited_child()) is not None:
+            if any(p.pid == pid for p in self.processes.values()):
+                break  # a worker that exited just now: the next turn takes its tree down
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
@@ -589,23 +593,23 @@ def _keys_told(outcome: Outcome) -> str:
     return ", the client keys read before it apply" if outcome.read.keys else ""
 
 
-def _exited(pid: int) -> bool:
-    """Whether the child has exited, without reaping it."""
+def _exited(pid: int) -> bool | None:
+    """True: the child has exited (not reaped yet); None: it runs; False: it is no longer
+    our child to wait for (then Popen.poll says it is gone)."""
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return False
+    return None if info is None else True
 
 
-def _exited_child(workers: set[int]) -> int | None:
-    """A child that exited and is not a worker (those are reaped with their trees first)."""
+def _exited_child() -> int | None:
+    """Some child that has exited, not reaped yet (None: none has)."""
     try:
         info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return None
-    if info is None or info.si_pid in workers:
-        return None  # a worker that exited just now: the next turn takes its tree down
-    return info.si_pid
+    return None if info is None else info.si_pid
 
 
 def _listening(path: Path) -> bool:
