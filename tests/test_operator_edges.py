@@ -158,6 +158,16 @@ def test_a_tcp_admin_endpoint_admits_admin_keys_only(supervisor_factory: Any,
     assert result["scheduled"]
 
 
+def _admitted(endpoint: str, keys: Path, name: str) -> bool:
+    """Whether the client with key pair NAME gets a job answered (refused: no reply)."""
+    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
+                client_cert=str(keys / f"{name}.key_secret")) as client:
+        try:
+            return bool(client.infer("m", X)["x"].shape == (1, 4))
+        except NoReply:
+            return False
+
+
 def _break(authorized: Path, keys: Path, breakage: str) -> None:
     if breakage == "empty key file":
         (authorized / "extra.key").write_bytes(b"")
@@ -189,10 +199,7 @@ def test_a_bad_key_file_is_skipped_and_said_while_a_removal_applies(
     assert "warning: client key skipped: supervisor.curve.authorized_clients: " \
         f"{authorized / 'extra.key'} is not a usable public certificate" in out.stderr
     assert '"event": "curve_keys_skipped"' in sup.log()
-    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
-                client_cert=str(keys / "stranger.key_secret")) as client, \
-            pytest.raises(NoReply):
-        client.infer("m", X)
+    assert not _admitted(endpoint, keys, "stranger")
     with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),
                 client_cert=str(keys / "client.key_secret")) as client:
         assert client.infer("m", X)["x"].shape == (1, 4)  # the good key still admitted
@@ -211,10 +218,7 @@ def test_a_key_directory_that_holds_no_key_admits_no_one(
         shutil.rmtree(authorized)
     out = _cli("reload", "-c", str(sup.config_path))
     assert out.returncode == 0 and "warning: client key skipped" in out.stderr, out
-    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
-                client_cert=str(keys / "client.key_secret")) as client, \
-            pytest.raises(NoReply):
-        client.infer("m", X)
+    assert not _admitted(endpoint, keys, "client")
 
 
 def test_a_removal_applies_even_when_the_config_file_is_rejected(
@@ -226,10 +230,7 @@ def test_a_removal_applies_even_when_the_config_file_is_rejected(
     sup.config_path.write_text(sup.config_path.read_text() + "\nnot: [valid\n")
     with pytest.raises(JobError, match="config rejected"):
         sup.admin("reload")
-    with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
-                client_cert=str(keys / "stranger.key_secret")) as client, \
-            pytest.raises(NoReply):
-        client.infer("m", X)
+    assert not _admitted(endpoint, keys, "stranger")
 
 
 def test_a_key_removed_from_the_directory_is_refused_after_reload(
@@ -576,12 +577,7 @@ def test_a_removal_applies_while_the_config_read_hangs(keys: Path) -> None:
                                                                 "slow_fs.py")])
 
     def admitted(name: str) -> bool:
-        with Client(endpoint, timeout=2, server_key=str(keys / "server.key"),
-                    client_cert=str(keys / f"{name}.key_secret")) as client:
-            try:
-                return bool(client.infer("m", X)["x"].shape == (1, 4))
-            except NoReply:
-                return False
+        return _admitted(endpoint, keys, name)
 
     try:
         sup.wait_ready()

@@ -63,6 +63,14 @@ def mark(sup: Supervisor, value: float) -> None:
         client.infer("sp", {"x": np.full((1, 4), value, np.float32)})
 
 
+def spawn_child(sup: Supervisor, pids: Path, value: float, kind: str) -> int:
+    """Have the handler start the child that ``value`` marks; its pid once it says it."""
+    mark(sup, value)
+    wait_until(lambda: len(pids_in(pids, kind)) == 1, f"the {kind} child")
+    (pid,) = pids_in(pids, kind)
+    return pid
+
+
 # --- the tree finder, on trees this test starts -------------------------------------------
 
 def test_a_tree_is_found_whole_and_counted() -> None:
@@ -134,9 +142,7 @@ def test_a_childs_memory_counts_at_once_and_it_dies_with_its_worker(
         supervisor_factory: Any, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     sup = supervisor_factory(spawner_config(pids))
-    mark(sup, 1.0)
-    wait_until(lambda: len(pids_in(pids, "held")) == 1, "the child to hold its memory")
-    (child,) = pids_in(pids, "held")
+    child = spawn_child(sup, pids, 1.0, "held")
     # Measured at the next polls (0.2 s apart here), not after a 30 s rescan.
     sup.wait_for(lambda s: any(w["memory"] and w["rss"] and
                                w["memory"] - w["rss"] > CHILD_BYTES * 0.8
@@ -154,14 +160,10 @@ def test_an_escaped_descendant_is_killed_and_reported_and_stop_leaves_nothing(
         supervisor_factory: Any, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     sup = supervisor_factory(spawner_config(pids))
-    mark(sup, 2.0)
-    wait_until(lambda: len(pids_in(pids, "escaped")) == 1, "the escaped child")
-    (escaped,) = pids_in(pids, "escaped")
+    escaped = spawn_child(sup, pids, 2.0, "escaped")
     wait_until(lambda: gone(escaped), "the escaped child killed and reaped")
     assert '"descendant_escaped"' in sup.log()
-    mark(sup, 1.0)  # one more, in the group this time, then stop the daemon
-    wait_until(lambda: len(pids_in(pids, "held")) == 1, "the child to hold its memory")
-    (held,) = pids_in(pids, "held")
+    held = spawn_child(sup, pids, 1.0, "held")  # one more, in the group, then stop
     assert sup.stop() == 0
     wait_until(lambda: not running(held), "the child killed when the daemon stops")
 
@@ -173,9 +175,7 @@ def test_a_descendant_seen_in_the_tree_that_escapes_without_its_mark_is_killed(
     the group."""
     pids = tmp_path / "pids"
     sup = supervisor_factory(spawner_config(pids))
-    mark(sup, 3.0)
-    wait_until(lambda: len(pids_in(pids, "bare")) == 1, "the bare child")
-    (bare,) = pids_in(pids, "bare")
+    bare = spawn_child(sup, pids, 3.0, "bare")
     born = time.monotonic()
 
     def polled_since_born() -> bool:
