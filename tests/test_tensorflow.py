@@ -160,3 +160,14 @@ def test_tf_output_comes_as_json_events_of_its_worker(tf_sup: Supervisor) -> Non
         time.sleep(0.1)
     assert workers <= {e["worker"] for e in output}, output
     assert {e["model"] for e in output} == {"sm", "kr", "text"}
+
+
+def test_signatures_are_served_through_the_direct_call(tf_sup: Supervisor) -> None:
+    """Every SavedModel worker proved the direct call at start (worker/direct_call.py) and
+    serves through it, so the other tests here check its answers; the Keras one cannot."""
+    text = tf_sup.log()  # read after the workers reported ready, which comes after the proof
+    events = [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    used = {e["worker"] for e in events if e["event"] == "direct_call_used"}
+    saved_models = {w["id"] for model in ("sm", "text") for w in tf_sup.workers(model)}
+    assert saved_models <= used
+    assert not used & {w["id"] for w in tf_sup.workers("kr")}

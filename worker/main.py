@@ -41,7 +41,7 @@ from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
 from worker.probes import ProbeRecorder, keras_loop_traced
 from worker.runners import LoadError, Runner, load
-from worker.warmup import check_padding, output_specs, verify, warm
+from worker.warmup import adopt_direct, check_padding, output_specs, verify, warm
 
 log = logs.get(__name__)
 
@@ -136,6 +136,7 @@ def boot(spec: WorkerSpec) -> Runner:
         # not after up to hundreds of warm-up shapes, each time the start is retried.
         verify(runner)
         outputs = warm(runner, spec.warmup_batch_sizes)
+        adopt_direct(runner, spec.warmup_batch_sizes)
         if runner.outputs is None:
             runner.outputs = output_specs(outputs, runner.padding)
         warn_keras_loop()

@@ -17,6 +17,7 @@ import numpy as np
 
 from supervisor.shared.padding import PadDim, generated_inputs
 from supervisor.shared.protocol import DTYPES, TensorSpec
+from worker.direct_call import direct_call
 
 Arrays = dict[str, np.ndarray]
 
@@ -34,6 +35,8 @@ class Runner:
     outputs: list[TensorSpec] | None
     keepalive: Any = None  # objects the call needs alive (a loaded SavedModel)
     padding: tuple[PadDim, ...] = ()  # variable-length dimensions padded per batch
+    # A cheaper call of the same model, used once proven (worker/direct_call.py)
+    direct: Callable[[Arrays], Mapping[str, Any]] | None = None
 
     @property
     def client_inputs(self) -> list[TensorSpec] | None:
@@ -89,7 +92,7 @@ def load_saved_model(path: str, signature: str) -> Runner:
         result = fn(**{name: tf.constant(value) for name, value in arrays.items()})
         return {name: tensor.numpy() for name, tensor in result.items()}
 
-    return Runner(call, inputs, outputs, keepalive=loaded)
+    return Runner(call, inputs, outputs, keepalive=loaded, direct=direct_call(fn))
 
 
 def load_keras(path: str) -> Runner:

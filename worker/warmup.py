@@ -18,6 +18,7 @@ from supervisor.shared import logs
 from supervisor.shared.padding import PadDim, cut, fits_dtype, pad
 from supervisor.shared.protocol import TensorSpec, wire_dtype
 from supervisor.shared.strings import STRING
+from worker.direct_call import prove
 from worker.runners import Arrays, LoadError, Runner
 
 log = logs.get(__name__)
@@ -116,6 +117,18 @@ def warm(runner: Runner, batch_sizes: tuple[int, ...] | list[int]) -> Arrays:
         log.info("warmed_up_shapes", shapes=len(todo), seconds=round(time.monotonic() - started,
                                                                      2))
     return outputs
+
+
+def adopt_direct(runner: Runner, batch_sizes: tuple[int, ...] | list[int]) -> None:
+    """Serve through the runner's direct call (worker/direct_call.py) if, on the first
+    warm-up shape, it answers as the model's public call does; else keep the public one."""
+    if runner.direct is None or runner.inputs is None:
+        return
+    rows, sizes = shapes(runner, batch_sizes)[0]
+    if prove(runner.call, runner.direct, example(runner, rows, sizes, sizes), _close):
+        runner.call = runner.direct
+        log.info("direct_call_used")
+    runner.direct = None
 
 
 def _check_cut_axes(dims: tuple[PadDim, ...], outputs: Arrays, sizes: dict[str, int]) -> None:
