@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -13,6 +14,7 @@ import zmq
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from supervisor.shared import protocol
 from supervisor.shared.protocol import (
     ERROR,
     INFER,
@@ -559,3 +561,36 @@ def test_fuzzed_job_headers_raise_only_protocol_errors(header: dict[str, object]
 def test_batch_rows(shapes: list[tuple[int | None, ...]], rows: int | None) -> None:
     specs = [TensorSpec(f"a{i}", "float32", shape) for i, shape in enumerate(shapes)]
     assert batch_rows(specs) == rows
+
+
+def _parsed_or_error(parse: Any, specs: object, allow_none: bool) -> object:
+    try:
+        return parse(specs, allow_none, "inputs")
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+spec_values = st.none() | st.booleans() | st.integers(-3, 2**63) | st.floats() | \
+    st.sampled_from(["x", "y", "", "float32", "int64", "string", "bogus"]) | \
+    st.lists(st.none() | st.booleans() | st.integers(-2, 5) | st.floats(), max_size=10)
+raw_specs = st.lists(
+    st.dictionaries(st.sampled_from(["name", "dtype", "shape", "extra"]), spec_values)
+    | st.fixed_dictionaries({"name": st.sampled_from(["x", "y"]),
+                             "dtype": st.sampled_from(["float32", "int8", "string", "f4"]),
+                             "shape": st.lists(st.none() | st.booleans() | st.integers(-1, 4),
+                                               max_size=9)}),
+    max_size=3) | spec_values
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(raw_specs, st.booleans()), min_size=1, max_size=6))
+def test_remembered_specs_are_what_parsing_gives(calls: list[tuple[object, bool]]) -> None:
+    """parse_specs remembers what it parsed of plain values: a hit, first or repeated, in
+    any order with other calls, gives what the full parse gives (the same specs, or the same
+    refusal), and a caller changing its list changes nothing remembered."""
+    for specs, allow_none in calls + [(s, not a) for s, a in calls] + calls:
+        got = _parsed_or_error(parse_specs, specs, allow_none)
+        assert got == _parsed_or_error(protocol._parse_specs, specs, allow_none)
+        if isinstance(got, list):
+            got.clear()
+    assert len(protocol._PARSED) <= protocol._PARSED_MAX

@@ -150,10 +150,11 @@ class _Link:
         # zmq_poll on a list built once: pyzmq's Poller and Socket.poll build their lists,
         # and Socket.poll a whole Poller, on every call.
         self.watch = [(self.sock, POLLIN), (self.monitor, POLLIN)]
+        self.watch_monitor = self.watch[1:]
         self.send_wait = -1
 
     def exchange(self, msg: Message, deadline: float) -> Message:
-        while zmq_poll(self.watch[1:], 0):  # old news: only a drop after our send matters
+        while zmq_poll(self.watch_monitor, 0):  # old news: only a drop after our send matters
             self.monitor.recv_multipart()
         wait = int(min(CONNECT_WAIT, max(0.001, deadline - time.monotonic())) * 1000) + 1
         if wait != self.send_wait:  # a socket option costs a system call: set on change

@@ -37,6 +37,8 @@ class Rotation:
 
     def pick(self, tried: list[str]) -> str | None:
         """The next endpoint not yet tried for this job: healthy ones first."""
+        if len(self.endpoints) == 1:  # the common case, on every call: no lists to build
+            return None if self.endpoints[0] in tried else self.endpoints[0]
         start = next(self._turn)
         order = [self.endpoints[(start + i) % len(self.endpoints)]
                  for i in range(len(self.endpoints))]

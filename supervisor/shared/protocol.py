@@ -87,6 +87,10 @@ DTYPES = NUMERIC_DTYPES | {STRING}
 
 ITEMSIZE = {name: np.dtype(name).itemsize for name in NUMERIC_DTYPES}
 OBJECT_ITEMSIZE = np.dtype(object).itemsize  # a string array is an object array in numpy
+# Each numeric dtype as its bytes travel (little-endian), and the set of them: an array of
+# one of these is sent as it is.
+WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in NUMERIC_DTYPES}
+WIRE_ORDER = frozenset(WIRE_DTYPES.values())
 
 # pyzmq copies frames smaller than this anyway; larger ones are sent without a copy.
 ZERO_COPY_MIN = 64 * 1024
@@ -277,23 +281,36 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]],
     specs: list[dict[str, Any]] = []
     frames: list[Frame] = []
     for name, value in arrays.items():
-        array = np.asarray(value)
+        array = value if type(value) is np.ndarray else np.asarray(value)
         dtype = wire_dtype(array)
-        specs.append(TensorSpec(name, dtype, tuple(array.shape)).to_wire())
+        specs.append({"name": name, "dtype": dtype, "shape": list(array.shape)})
         if dtype == STRING:
             frames.append(_pack_strings(name, array))
             continue
         if dtype not in DTYPES:
             raise ProtocolError(f"array '{name}': dtype {dtype} cannot travel")
-        array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+        if array.dtype not in WIRE_ORDER or not array.flags.c_contiguous:
+            array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
         frames.append(memoryview(array.data).cast("B") if array.nbytes >= ZERO_COPY_MIN
                       else array.tobytes())
     return specs, frames
 
 
+# numpy computes dtype.name in Python on every access (~2 µs, for every array of every
+# message); the names of the few dtypes a process meets are kept instead.
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
+_DTYPE_NAMES_MAX = 256
+
+
 def wire_dtype(array: np.ndarray) -> str:
     """The protocol's dtype name for an array: numpy's, or "string" for str/bytes/object."""
-    return STRING if is_string_array(array) else array.dtype.name
+    dtype = array.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = STRING if is_string_array(array) else dtype.name
+        if len(_DTYPE_NAMES) < _DTYPE_NAMES_MAX:
+            _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def _pack_strings(name: str, array: np.ndarray) -> bytes:
@@ -318,7 +335,7 @@ def arrays_from(parsed: Sequence[TensorSpec], frames: Sequence[Frame],
         if spec.dtype == STRING:
             out[spec.name] = unpack_strings(_buffer(frame), concrete_shape(spec))
             continue
-        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        dtype = WIRE_DTYPES[spec.dtype]
         out[spec.name] = np.frombuffer(_buffer(frame), dtype=dtype).reshape(concrete_shape(spec))
     return out
 
@@ -372,7 +389,45 @@ def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
 
 
 def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs") -> list[TensorSpec]:
-    """``field``: the header field the specs came from, as an error names it."""
+    """``field``: the header field the specs came from, as an error names it. Specs of plain
+    values parsed once are remembered (a client reads the same output specs in every reply):
+    the key holds every value the parse depends on, so a hit is what parsing would give."""
+    key = _specs_key(specs, allow_none)
+    if key is not None and (known := _PARSED.get(key)) is not None:
+        return list(known)
+    parsed = _parse_specs(specs, allow_none, field)
+    if key is not None and len(_PARSED) < _PARSED_MAX:
+        _PARSED[key] = tuple(parsed)
+    return parsed
+
+
+_PARSED: dict[tuple[Any, ...], tuple[TensorSpec, ...]] = {}
+_PARSED_MAX = 1024
+
+
+def _specs_key(specs: object, allow_none: bool) -> tuple[Any, ...] | None:
+    """``(allow_none, (name, dtype, shape), ...)`` when every spec is a map of a str name, a
+    str dtype and a list of ints (and Nones); None for anything else, which is parsed (and
+    refused) the long way. Exact types only: a bool is not an int here."""
+    if type(specs) is not list:
+        return None
+    key: list[Any] = [allow_none]
+    for spec in specs:
+        if type(spec) is not dict:
+            return None
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        if type(name) is not str or type(dtype) is not str or type(shape) is not list:
+            return None
+        if len(shape) > MAX_NDIM:
+            return None
+        dims = tuple(shape)
+        if not all(type(d) is int or d is None for d in dims):
+            return None
+        key.append((name, dtype, dims))
+    return tuple(key)
+
+
+def _parse_specs(specs: object, allow_none: bool, field: str) -> list[TensorSpec]:
     if not isinstance(specs, list | tuple):
         got = "missing" if specs is None else f"got {type(specs).__name__}"
         raise ProtocolError(f"header field '{field}' must be a list of array specs ({got})")
