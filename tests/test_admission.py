@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import hypothesis.strategies as st
+import msgpack
 from hypothesis import given, settings
 
 from supervisor.core.admission import MAX_KEPT, KnownDescriptions, spec_key
+from supervisor.core.batching import job_key
+from supervisor.core.jobs import Job
 from supervisor.shared.protocol import (
     ProtocolError,
     TensorSpec,
@@ -46,7 +49,7 @@ def full(raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
 def known(d: KnownDescriptions, raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
          max_elements: int | None) -> list[TensorSpec] | str:
     try:
-        return d.check(raw, arrays, inputs, max_elements)
+        return d.check(raw, arrays, inputs, max_elements).specs
     except ProtocolError as exc:
         return str(exc)
 
@@ -78,6 +81,23 @@ def test_admission_gives_the_full_checks_verdict_in_any_order(
         # and again: now possibly from what it kept
         assert known(d, raw, arrays, inputs, max_elements) == \
             full(raw, arrays, inputs, max_elements), raw
+        batched_as_from_the_wire(d, raw, arrays, inputs, max_elements)
+
+
+def batched_as_from_the_wire(d: KnownDescriptions, raw: Any, arrays: list[bytes],
+                             inputs: list[TensorSpec] | None, max_elements: int | None) -> None:
+    """The batch layout and rows admission works out once per description are what the
+    batching would work out from the job's wire specs (as msgpack gives them: lists)."""
+    try:
+        raw = msgpack.unpackb(msgpack.packb(raw))
+    except (OverflowError, TypeError):
+        return  # nothing the wire could carry
+    try:
+        passed = d.check(raw, arrays, inputs, max_elements)
+    except ProtocolError:
+        return
+    job = Job(1, "m", [], b"1", raw, list(arrays), received_at=0.0)
+    assert (passed.layout, passed.rows) == (job_key(job), job.rows), raw
 
 
 def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
@@ -86,7 +106,10 @@ def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
     good = [b"\0" * 32]
     d.check(raw, good, OTHER_INPUTS, None)
     assert spec_key(raw) in d.passed
-    assert d.check(raw, good, OTHER_INPUTS, None) == [TensorSpec("x", "float32", (2, 4))]
+    passed = d.check(raw, good, OTHER_INPUTS, None)
+    assert passed.specs == [TensorSpec("x", "float32", (2, 4))]
+    # worked out once for every job of this description: the batching's key and rows
+    assert (passed.layout, passed.rows) == ((("x", "float32", (4,)),), 2)
     assert known(d, raw, [b"\0" * 31], OTHER_INPUTS, None) == full(raw, [b"\0" * 31],
                                                                   OTHER_INPUTS, None)
     assert "31 bytes" in str(known(d, raw, [b"\0" * 31], OTHER_INPUTS, None))

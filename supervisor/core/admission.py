@@ -44,6 +44,7 @@ from supervisor.shared.protocol import (
     Message,
     ProtocolError,
     TensorSpec,
+    batch_rows,
     check_frames,
     check_specs,
     concrete_shape,
@@ -71,6 +72,18 @@ class Passed:
     specs: list[TensorSpec]
     lengths: tuple[int, ...]  # bytes each array frame must have
     elements: int
+    # Worked out once per description rather than per job by the batching: what a batch
+    # mate must match when nothing is padded, and the job's rows (Job.rows).
+    layout: Key
+    rows: int | None
+
+
+def described(inputs: Sequence[TensorSpec] | None, specs: list[TensorSpec]) -> Passed:
+    """What admission keeps of a description that passed (numeric dtypes only: a string
+    array's frame length is not fixed by its shape)."""
+    lengths = tuple(_elements(s) * ITEMSIZE.get(s.dtype, 0) for s in specs)
+    return Passed(inputs, specs, lengths, sum(_elements(s) for s in specs),
+                  batch_key(specs, ()), batch_rows(specs))
 
 
 class Refusal(Exception):
@@ -117,9 +130,9 @@ class Admission:
             known = self.known[model] = KnownDescriptions()
         dims = state.serving_dims if state.serving_dims is not None else state.config.pad_dims
         try:  # from the header and the frame lengths alone: no array is built at admission
-            specs = known.check(msg.header.get("inputs"), msg.arrays, state.inputs,
-                                self.limits.max_elements)
-            key = batch_key(specs, dims) if dims else None
+            passed = known.check(msg.header.get("inputs"), msg.arrays, state.inputs,
+                                 self.limits.max_elements)
+            key = batch_key(passed.specs, dims) if dims else passed.layout
         except ProtocolError as exc:
             raise Refusal(exc.code, _sent_generated(msg.header.get("inputs"), dims) or str(exc)) \
                 from None
@@ -127,6 +140,7 @@ class Admission:
                   inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                   deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes,
                   key=key)
+        job.rows = passed.rows  # what Job.rows would work out from the same specs
         self.next_job_id += 1
         return job
 
@@ -151,22 +165,23 @@ class KnownDescriptions:
         self.passed: dict[Key, Passed] = {}
 
     def check(self, raw: object, frames: Sequence[Frame], inputs: Sequence[TensorSpec] | None,
-              max_elements: int | None) -> list[TensorSpec]:
-        """The request's specs; ProtocolError, as the full check raises it, if it fails."""
+              max_elements: int | None) -> Passed:
+        """The request's description; ProtocolError, as the full check raises it, if it
+        fails."""
         key = spec_key(raw)
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
-            return known.specs
+            return known
         specs = parse_specs(raw)
         check_frames(specs, frames, max_elements)
         if inputs is not None:
             check_specs(inputs, specs)
+        passed = described(inputs, specs)
         if key is not None and all(s.dtype in ITEMSIZE for s in specs):
             if len(self.passed) >= MAX_KEPT:
                 self.passed.clear()
-            lengths = tuple(_elements(s) * ITEMSIZE[s.dtype] for s in specs)
-            self.passed[key] = Passed(inputs, specs, lengths, sum(_elements(s) for s in specs))
-        return specs
+            self.passed[key] = passed
+        return passed
 
 
 def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> bool:
