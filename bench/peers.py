@@ -336,6 +336,9 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
 def start_tfsupervisor(peer: Peer, model: Path) -> Running:
     """tfsupervisor with the peers' batch wait, or (``-nowait``) with its default of none."""
     config = supervisor_config(model, batching=True)
+    # The product's default poll (start_supervisor's 0.2 s, for tests, polls and scans the
+    # workers' process trees five times as often).
+    config["supervisor"] = {"poll_interval": "1s"}
     wait = wait_of(peer)
     config["models"]["mlp"]["batching"]["batch_timeout_ms"] = wait
     sup: Supervisor = start_supervisor(config)
