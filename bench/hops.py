@@ -53,7 +53,11 @@ from supervisor.shared.protocol import INTERNAL_HOP, JobEntry, decode, encode, p
 from supervisor.shared.protocol import pack_results, signed
 from worker.batch import run_batch
 from worker.runners import load
+from worker.warmup import adopt_direct, warm
 runner = load("saved_model", sys.argv[1], "serving_default", {})
+public = runner.call
+warm(runner, [1])
+adopt_direct(runner, [1])  # as a worker does: the model served through its direct call
 out = {}
 x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
 for rows in json.loads(sys.argv[2]):
@@ -77,7 +81,7 @@ for rows in json.loads(sys.argv[2]):
             step()
         timings[name] = (time.process_time() - start) / n * 1e6
     out[rows] = timings
-print(json.dumps(out))
+print(json.dumps({"direct_call": runner.call is not public, "steps": out}))
 """
 
 
@@ -98,12 +102,15 @@ class Processes:
                 "workers_us": round(sum(spent[1:]) / jobs * 1e6, 1)}
 
 
-def worker_path(model: Path, sizes: list[int]) -> dict[int, dict[str, float]]:
+def worker_path(model: Path, sizes: list[int]) -> tuple[dict[int, dict[str, float]], bool]:
+    """CPU µs per batch of the worker's path and of the model call, by batch size; and
+    whether the model was called directly (worker/direct_call.py), as a worker calls it."""
     import json
 
     out = subprocess.run([sys.executable, "-c", WORKER_PATH, str(model), json.dumps(sizes)],
                          capture_output=True, text=True, check=True)
-    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {int(k): v for k, v in result["steps"].items()}, bool(result["direct_call"])
 
 
 def client_steps(jobs: int = 5000) -> float:
@@ -184,11 +191,12 @@ def run(seconds: float, jobs: int, wait_ms: float, out: Path | None = None) -> d
     single = one_in_flight(model, jobs)
     loaded = under_load(model, seconds, wait_ms)
     mean = max(1, round(loaded["mean_rows"]))
-    steps = worker_path(model, sorted({1, mean}))
+    steps, direct = worker_path(model, sorted({1, mean}))
     client = client_steps()
     one, batch = steps[1], steps[mean]
+    called = " (direct call)" if direct else " (public call)"
     result = {"one_in_flight": single, "under_load": loaded, "wait_ms": wait_ms,
-              "worker_path_us": {str(k): v for k, v in steps.items()},
+              "worker_path_us": {str(k): v for k, v in steps.items()}, "direct_call": direct,
               "client_protocol_us": round(client, 1)}
     table = [["load", "what", "µs per job"],
              ["one in flight", f"round trip p50 ({single['p50_ms']} ms)",
@@ -198,14 +206,15 @@ def run(seconds: float, jobs: int, wait_ms: float, out: Path | None = None) -> d
              ["one in flight", "supervisor process CPU", single["supervisor_us"]],
              ["one in flight", "worker process CPU", single["workers_us"]],
              ["one in flight", "... worker path alone (batch of 1)", round(one["path"], 1)],
-             ["one in flight", "... of which the model call", round(one["call"], 1)],
+             ["one in flight", f"... of which the model call{called}", round(one["call"], 1)],
              ["under load", f"{loaded['jobs_per_second']} jobs/s, p50 {loaded['p50_ms']} ms, "
               f"mean batch {loaded['mean_rows']} rows", ""],
              ["under load", "supervisor process CPU", loaded["supervisor_us"]],
              ["under load", "workers' CPU", loaded["workers_us"]],
              ["under load", f"... worker path alone, batch of {mean}",
               round(batch["path"] / mean, 1)],
-             ["under load", "... of which the model call", round(batch["call"] / mean, 1)]]
+             ["under load", f"... of which the model call{called}",
+              round(batch["call"] / mean, 1)]]
     write("hops", result, table, out,
           f"Demo MLP, 2 workers, TF 1 thread per op. One in flight: {jobs} sequential jobs. "
           f"Under load: 32 clients in 4 processes for {seconds:g} s, batch wait {wait_ms:g} "
