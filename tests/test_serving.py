@@ -398,3 +398,24 @@ def test_workers_die_with_a_killed_supervisor(supervisor_factory: Any) -> None:
     alive = [p for p in pids if psutil.pid_exists(p) and
              psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive
+
+
+def test_async_client_closed_at_once_leaves_nothing_behind(echo_sup: Supervisor) -> None:
+    """A link's first read and watch are scheduled when it opens: closing the client before
+    they run must leave no callback failing on a closed socket, and no reader registered."""
+    errors: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: errors.append(context))
+        client = AsyncClient(echo_sup.endpoint, timeout=10)
+        link = client._link(echo_sup.endpoint)
+        await client.close()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not any(loop.remove_reader(fd) for fd in link.fds)  # none left registered
+        async with AsyncClient(echo_sup.endpoint, timeout=10) as again:
+            assert float((await again.infer("echo", x(1, 3.0)))["x"][0, 0]) == 3.0
+
+    asyncio.run(go())
+    assert errors == []

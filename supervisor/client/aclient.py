@@ -154,6 +154,8 @@ class _AsyncLink:
     def _read(self) -> None:
         """Replies to their calls: every one waiting, DRAIN at most per turn."""
         self.read_due = False
+        if self.sock.closed:  # scheduled before close()
+            return
         for _ in range(DRAIN):
             try:
                 frames = recv(self.sock, NOBLOCK)
@@ -173,7 +175,7 @@ class _AsyncLink:
 
     def _watch(self) -> None:
         """The connection dropped (a monitor event): the calls still out fail with Lost."""
-        while True:
+        while not self.monitor.closed:
             try:
                 self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:

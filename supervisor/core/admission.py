@@ -79,8 +79,8 @@ class Passed:
 
 
 def described(inputs: Sequence[TensorSpec] | None, specs: list[TensorSpec]) -> Passed:
-    """What admission keeps of a description that passed (numeric dtypes only: a string
-    array's frame length is not fixed by its shape)."""
+    """What admission knows of a description that passed. ``lengths`` hold 0 for a string
+    array, whose frame length its shape does not fix: such a description is never kept."""
     lengths = tuple(_elements(s) * ITEMSIZE.get(s.dtype, 0) for s in specs)
     return Passed(inputs, specs, lengths, sum(_elements(s) for s in specs),
                   batch_key(specs, ()), batch_rows(specs))
