@@ -121,3 +121,33 @@ def test_a_client_started_before_its_supervisor_is_served_once_it_is_up(kind: st
         for sup in started:
             sup.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_closing_an_async_client_ends_its_calls_at_once_and_quietly() -> None:
+    """A call still out when its AsyncClient is closed ends at once with NoReply, not at its
+    timeout (nothing can answer it) and not with a raw ZMQError; a read or watch the loop
+    had scheduled for the closed socket does nothing (it raised 'Socket operation on
+    non-socket' in the loop's exception handler)."""
+    workdir = short_tmpdir()
+    endpoint = f"ipc://{workdir}/nobody.sock"  # no supervisor: the call waits to connect
+
+    async def main() -> None:
+        errors: list[object] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: errors.append(ctx))
+        for turns in (0, 5):  # closed in the link's first turn, and later
+            client = AsyncClient(endpoint, timeout=30)
+            call = asyncio.create_task(client.infer("m", {"x": np.ones((1, 4), np.float32)}))
+            for _ in range(turns + 1):
+                await asyncio.sleep(0)
+            started = time.monotonic()
+            await client.close()
+            with pytest.raises(NoReply, match="closed"):
+                await call
+            assert time.monotonic() - started < 1
+        await asyncio.sleep(0.05)
+        assert errors == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

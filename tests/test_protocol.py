@@ -20,6 +20,7 @@ from supervisor.shared.protocol import (
     INFER,
     INTERNAL_HOP,
     JOB,
+    MAX_ARRAYS,
     MAX_ERROR_TEXT,
     NUMERIC_DTYPES,
     RESULT,
@@ -594,3 +595,19 @@ def test_remembered_specs_are_what_parsing_gives(calls: list[tuple[object, bool]
         if isinstance(got, list):
             got.clear()
     assert len(protocol._PARSED) <= protocol._PARSED_MAX
+
+
+def test_specs_remembered_are_bounded_in_size() -> None:
+    """A list of more specs than a message can carry arrays is parsed, never remembered: a
+    client's refused headers (64 KiB of ~2,000 specs each) kept ~650 MiB in a supervisor."""
+    many = [{"name": f"a{i}", "dtype": "int8", "shape": []} for i in range(MAX_ARRAYS + 1)]
+    before = dict(protocol._PARSED)
+    try:
+        protocol._PARSED.clear()
+        assert len(parse_specs(many)) == MAX_ARRAYS + 1
+        assert not protocol._PARSED
+        parse_specs(many[:MAX_ARRAYS])
+        assert len(protocol._PARSED) == 1
+    finally:
+        protocol._PARSED.clear()
+        protocol._PARSED.update(before)

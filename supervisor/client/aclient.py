@@ -30,7 +30,7 @@ from supervisor.client.client import (
     request_message,
     watched_dealer,
 )
-from supervisor.client.errors import error_from
+from supervisor.client.errors import NoReply, error_from
 from supervisor.client.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.shared.protocol import (
     ERROR,
@@ -81,6 +81,7 @@ class _AsyncLink:
         self.slots: dict[int, dict[bytes, asyncio.Future[Message]]] = {}  # see SLOT
         self.loop = asyncio.get_running_loop()
         self.read_due = False
+        self.closed = False  # then the sockets are gone: a read or watch still due does nothing
         self.fds = (self.sock.getsockopt(zmq.FD), self.monitor.getsockopt(zmq.FD))
         self.loop.add_reader(self.fds[0], self._read)
         self.loop.add_reader(self.fds[1], self._watch)
@@ -115,6 +116,8 @@ class _AsyncLink:
         CONNECT_WAIT (the socket queues only to a connected supervisor)."""
         give_up = time.monotonic() + min(CONNECT_WAIT, max(0.001, deadline - time.monotonic()))
         while True:
+            if self.closed:
+                raise self._closed()
             try:
                 send(self.sock, frames, NOBLOCK)
                 break
@@ -154,7 +157,7 @@ class _AsyncLink:
     def _read(self) -> None:
         """Replies to their calls: every one waiting, DRAIN at most per turn."""
         self.read_due = False
-        if self.sock.closed:  # scheduled before close()
+        if self.closed:  # scheduled before close()
             return
         for _ in range(DRAIN):
             try:
@@ -175,7 +178,7 @@ class _AsyncLink:
 
     def _watch(self) -> None:
         """The connection dropped (a monitor event): the calls still out fail with Lost."""
-        while not self.monitor.closed:
+        while not self.closed:
             try:
                 self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -184,7 +187,17 @@ class _AsyncLink:
                 if not future.done():
                     future.set_exception(Lost())
 
+    def _closed(self) -> NoReply:
+        return NoReply(f"the client was closed with the job out to {self.endpoint}")
+
     async def close(self) -> None:
+        """The calls still out end at once (else each would wait out its timeout for a reply
+        that can no longer come), and a read or watch already scheduled finds nothing to do
+        (else it would raise on the closed socket, in the loop's exception handler)."""
+        self.closed = True
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(self._closed())
         for fd in self.fds:
             self.loop.remove_reader(fd)
         self.sock.disable_monitor()

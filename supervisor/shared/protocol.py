@@ -407,9 +407,12 @@ _PARSED_MAX = 1024
 
 def _specs_key(specs: object, allow_none: bool) -> tuple[Any, ...] | None:
     """``(allow_none, (name, dtype, shape), ...)`` when every spec is a map of a str name, a
-    str dtype and a list of ints (and Nones); None for anything else, which is parsed (and
-    refused) the long way. Exact types only: a bool is not an int here."""
-    if type(specs) is not list:
+    str dtype and a list of ints (and Nones), at most MAX_ARRAYS of them; None for anything
+    else, which is parsed (and refused) the long way. Exact types only: a bool is not an int
+    here."""
+    # No message carries more arrays than MAX_ARRAYS, so a longer list is never remembered:
+    # else 1024 refused headers of ~2,000 specs each kept ~650 MiB for good in a supervisor.
+    if type(specs) is not list or len(specs) > MAX_ARRAYS:
         return None
     key: list[Any] = [allow_none]
     for spec in specs:
