@@ -118,6 +118,18 @@ def test_top_refreshes_until_interrupted(supervisor_factory: Any) -> None:
     assert "m-1" in out and "GROWTH/1K" in out
 
 
+def test_top_quits_after_its_refresh_on_ctrl_c_and_at_once_on_a_second() -> None:
+    """The first SIGINT only records (an exception raised inside a ZeroMQ call could leave a
+    socket that holds the process at exit); a second one interrupts whatever is running."""
+    from supervisor.cli.commands import QuitFlag
+
+    flag = QuitFlag()
+    flag(signal.SIGINT, None)
+    assert flag.asked
+    with pytest.raises(KeyboardInterrupt):
+        flag(signal.SIGINT, None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

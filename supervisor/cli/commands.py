@@ -345,8 +345,10 @@ def cmd_top(args: argparse.Namespace) -> int:
     from supervisor.client.client import JobError, control
 
     endpoint = _control_endpoint(args, admin=False)
+    quit_ = QuitFlag()
+    signal.signal(signal.SIGINT, quit_)
     try:
-        while True:
+        while not quit_.asked:
             try:
                 report = control(endpoint, "status", timeout=args.interval + 5,
                                  **_curve_args(args))
@@ -357,9 +359,25 @@ def cmd_top(args: argparse.Namespace) -> int:
             sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {endpoint} — "
                              f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
             sys.stdout.flush()
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
+            if not quit_.asked:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:  # the second Ctrl-C
+        pass
+    return 0
+
+
+class QuitFlag:
+    """SIGINT handler for a refreshing command: the first Ctrl-C only records (the loop ends
+    after its current refresh: an exception raised anywhere, inside a ZeroMQ call say, could
+    leave a socket open that then holds the process at exit), a second one interrupts."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
