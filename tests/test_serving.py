@@ -419,3 +419,23 @@ def test_async_client_closed_at_once_leaves_nothing_behind(echo_sup: Supervisor)
 
     asyncio.run(go())
     assert errors == []
+
+
+def test_async_client_with_thousands_of_calls_out_loses_none(echo_sup: Supervisor) -> None:
+    """More calls out at once than the supervisor queues replies to one connection (1000):
+    the client takes every reply as it comes, so each call gets its own answer (its echo,
+    or 'overloaded' past the model's max_queue), and none is lost on the way (no_reply)."""
+    async def one(client: AsyncClient, i: int) -> str:
+        try:
+            out = await client.infer("echo", x(1, float(i)))
+        except JobError as exc:
+            return exc.code
+        return "ok" if float(out["x"][0, 0]) == float(i) else "wrong"
+
+    async def go() -> list[str]:
+        async with AsyncClient(echo_sup.endpoint, timeout=20) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(6000)))
+
+    outcomes = asyncio.run(go())
+    assert set(outcomes) <= {"ok", "overloaded"}, {o: outcomes.count(o) for o in set(outcomes)}
+    assert "ok" in outcomes

@@ -133,6 +133,11 @@ def watched_dealer(context: zmq.Context[Any], endpoint: str,
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.IMMEDIATE, 1)  # queue only to a connected supervisor
+    # Replies are taken in whatever their number: they answer this client's own calls, so
+    # its calls out bound them. A bound here (1000 by default) stopped the reading once
+    # that many waited, the supervisor's queue to us filled, and its ROUTER dropped the rest
+    # (measured: 1,200 of 5,000 calls sent at once on one AsyncClient ended no_reply).
+    sock.setsockopt(zmq.RCVHWM, 0)
     if curve is not None:
         make_curve_client(sock, *curve)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
