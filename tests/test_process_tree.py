@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from supervisor.daemon.sampling import read_memory
+from supervisor.daemon.sampling import read_memory, read_memory_of
 from supervisor.daemon.tree import Proc, Trees, kill, read_proc
 from tests.conftest import Supervisor
 
@@ -81,7 +81,7 @@ def test_a_tree_is_found_whole_and_counted() -> None:
         wait_until(lambda: (trees.refresh({root.pid: "w"}), len(trees.of(root.pid)) == 3)[1],
                    "a child, a subshell and its child")
         alone = read_memory(root.pid, "rss")
-        together = read_memory(root.pid, "rss", trees.of(root.pid))
+        together = read_memory_of([root.pid, *trees.of(root.pid)], "rss")
         assert alone is not None and together is not None and together > alone
         members = trees.of(root.pid)
         root.kill()  # unreaped: the group's number is still the worker's

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import math
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from supervisor.cli.argtypes import timeout_seconds
+from supervisor.cli.argtypes import timeout_seconds, wait_seconds
 from supervisor.cli.render import render_explain, render_status
 from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import (
@@ -447,17 +446,6 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return _wait_for_workers(endpoint, args)
 
 
-def _wait_seconds(text: str) -> float:
-    """--wait: a finite number of seconds, 0 or more (nan would never run out)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
-    return seconds
-
-
 def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
     """After a reload: until every model serves on workers of the settings now in force (0),
     or one's new workers fail to start (1: the old ones serve on), or --wait runs out (1).
@@ -635,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     reload = add("reload", cmd_reload, "Re-read the config in a running supervisor and wait "
                  "for the outcome (exit 1 if it was rejected).")
     reload.add_argument("--timeout", type=timeout_seconds, default=30.0)
-    reload.add_argument("--wait", type=_wait_seconds, metavar="SECONDS",
+    reload.add_argument("--wait", type=wait_seconds, metavar="SECONDS",
                         help="then wait up to this long until every model serves on workers "
                         "of the settings now in force: exit 1 if a model's workers fail to "
                         "start or are not ready in time")

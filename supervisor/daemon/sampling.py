@@ -11,16 +11,11 @@ import psutil
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
-def read_memory(pid: int, metric: str, descendants: Iterable[int] = ()) -> int | None:
-    """RSS, USS or PSS in bytes of ``pid`` plus the given descendants; None if ``pid`` is
-    gone. USS and PSS read /proc/PID/smaps (about a millisecond per process): fine at one
-    poll a second, which is why they are not the default."""
-    total = _one(pid, metric)
-    if total is None:
-        return None
-    for child in descendants:
-        total += _one(child, metric) or 0
-    return total
+def read_memory(pid: int, metric: str) -> int | None:
+    """RSS, USS or PSS in bytes of ``pid``; None if it is gone. USS and PSS read
+    /proc/PID/smaps (about a millisecond per process): fine at one poll a second, which is
+    why they are not the default."""
+    return _one(pid, metric)
 
 
 def read_memory_of(pids: Iterable[int], metric: str) -> int:
