@@ -373,7 +373,7 @@ def tune_model(name: str, history: ModelHistory, config: ModelConfig, recorded: 
     tuning.findings += _max_memory(level, rising, young, config, options, wait)
     seconds, jobs = settled if settled is not None else \
         (policy.warmup_seconds, policy.warmup_jobs)
-    tuning.findings += _trends(level, rising, window, samples, poll, options, seconds, jobs)
+    tuning.findings += _trends(level, rising, wait, options, seconds, jobs)
     tuning.findings += _batch_sizes(history, config, options)
     tuning.findings += _padding(history, config, options)
     return tuning
@@ -504,10 +504,10 @@ def _windows(samples: Sequence[Sample], window: int) -> list[tuple[float, float]
     return found
 
 
-def _trends(level: Sequence[Worker], rising: Sequence[Worker], trend_window: int,
-            window: int, poll: float, options: Options, warmup_seconds: float,
-            warmup_jobs: int) -> list[Finding]:
-    """``window``: the samples a fit spans here, trend_window or the fewer a record holds."""
+def _trends(level: Sequence[Worker], rising: Sequence[Worker], wait: _Wait, options: Options,
+            warmup_seconds: float, warmup_jobs: int) -> list[Finding]:
+    # window: the samples a fit spans here, trend_window or the fewer a record holds
+    trend_window, window, poll = wait.window, wait.samples, wait.poll
     paths = (("policy", "max_growth_per_1k_jobs"), ("policy", "max_growth_per_hour"))
     if not level:
         return [_not_enough(p, "no worker levelled off (see max_memory)") for p in paths]
