@@ -47,9 +47,9 @@ def full(raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
 
 
 def known(d: KnownDescriptions, raw: Any, arrays: list[bytes], inputs: list[TensorSpec] | None,
-         max_elements: int | None) -> list[TensorSpec] | str:
+         max_elements: int | None, header: bytes | None = None) -> list[TensorSpec] | str:
     try:
-        return d.check(raw, arrays, inputs, max_elements).specs
+        return d.check(raw, arrays, inputs, max_elements, header).specs
     except ProtocolError as exc:
         return str(exc)
 
@@ -66,21 +66,31 @@ def matching_frames(raw: list[dict[str, Any]]) -> list[bytes]:
     return out
 
 
+def header_of(raw: Any, timeout: int | None) -> bytes | None:
+    """The header bytes a client would send with this description (None: none could)."""
+    try:
+        return msgpack.packb({"model": "m", "inputs": raw, "timeout_ms": timeout})
+    except (OverflowError, TypeError):
+        return None
+
+
 @settings(max_examples=300)
 @given(st.lists(st.tuples(descriptions, st.booleans(), frames,
                           st.sampled_from([INPUTS, OTHER_INPUTS, None]),
-                          st.sampled_from([None, 3, 100])), min_size=1, max_size=12))
+                          st.sampled_from([None, 3, 100]),
+                          st.sampled_from([None, 5, 1000])), min_size=1, max_size=12))
 def test_admission_gives_the_full_checks_verdict_in_any_order(
-        requests: list[tuple[Any, bool, list[bytes], Any, int | None]]) -> None:
+        requests: list[tuple[Any, bool, list[bytes], Any, int | None, int | None]]) -> None:
+    """Known by their description, or by the header bytes they came in (timeouts vary):
+    a hit is the full check's verdict, whatever the frames that come with it."""
     d = KnownDescriptions()
-    for raw, fit, arrays, inputs, max_elements in requests:
+    for raw, fit, arrays, inputs, max_elements, timeout in requests:
         if fit and isinstance(raw, list):
             arrays = matching_frames(raw)
-        assert known(d, raw, arrays, inputs, max_elements) == \
-            full(raw, arrays, inputs, max_elements), raw
-        # and again: now possibly from what it kept
-        assert known(d, raw, arrays, inputs, max_elements) == \
-            full(raw, arrays, inputs, max_elements), raw
+        header = header_of(raw, timeout)
+        for by in (None, header, header):  # and again: now possibly from what it kept
+            assert known(d, raw, arrays, inputs, max_elements, by) == \
+                full(raw, arrays, inputs, max_elements), raw
         batched_as_from_the_wire(d, raw, arrays, inputs, max_elements)
 
 
@@ -123,3 +133,16 @@ def test_what_admission_keeps_is_bounded() -> None:
         d.check([{"name": "x", "dtype": "float32", "shape": [rows, 4]}], [b"\0" * 16 * rows],
                 OTHER_INPUTS, None)
         assert len(d.passed) <= MAX_KEPT
+
+
+def test_a_description_known_by_its_header_bytes_still_checks_its_frames() -> None:
+    d = KnownDescriptions()
+    raw = [{"name": "x", "dtype": "float32", "shape": [2, 4]}]
+    header = header_of(raw, 5)
+    d.check(raw, [b"\0" * 32], OTHER_INPUTS, None, header)
+    assert header in d.passed
+    assert "31 bytes" in str(known(d, raw, [b"\0" * 31], OTHER_INPUTS, None, header))
+    assert known(d, raw, [], OTHER_INPUTS, None, header) == full(raw, [], OTHER_INPUTS, None)
+    # the model's inputs changed (a reload): the full check again, against the new ones
+    assert known(d, raw, [b"\0" * 32], INPUTS, None, header) == \
+        full(raw, [b"\0" * 32], INPUTS, None)

@@ -611,3 +611,38 @@ def test_specs_remembered_are_bounded_in_size() -> None:
     finally:
         protocol._PARSED.clear()
         protocol._PARSED.update(before)
+
+
+def verdict(frames: list[bytes], memo: protocol.HeaderMemo | None) -> object:
+    try:
+        return decode(frames, memo=memo)
+    except ProtocolError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.dictionaries(st.text(max_size=10), header_values, max_size=6).map(msgpack.packb),
+    st.binary(max_size=40), st.just(b"\x81\x01\x01"), st.just(msgpack.packb("str")),
+    st.just(msgpack.packb({"big": "x" * 600}))), min_size=1, max_size=10))
+def test_a_remembered_header_decodes_as_the_full_parse(headers: list[bytes]) -> None:
+    """Whatever order headers come in, repeated or not, decoding with the memo gives what
+    decoding without it gives: the same message, or the same refusal."""
+    memo = protocol.HeaderMemo()
+    for header in headers + headers:
+        frames = [VERSION, INFER, b"j", header]
+        assert verdict(frames, memo) == verdict(frames, None)
+    kept = memo.headers
+    assert all(len(h) <= memo.MAX_BYTES for h in kept)  # refusals and large ones never kept
+    assert all(verdict([VERSION, INFER, b"j", h], None) == decode(
+        [VERSION, INFER, b"j", h]) for h in kept)
+
+
+def test_what_the_header_memo_keeps_is_bounded() -> None:
+    memo = protocol.HeaderMemo()
+    for n in range(3 * memo.MAX_ENTRIES):
+        decode([VERSION, INFER, b"j", msgpack.packb({"n": n})], memo=memo)
+        assert len(memo.headers) <= memo.MAX_ENTRIES
+    same = msgpack.packb({"model": "m"})
+    first = decode([VERSION, INFER, b"1", same], memo=memo).header
+    assert decode([VERSION, INFER, b"2", same], memo=memo).header is first  # one parse

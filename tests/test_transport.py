@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from supervisor.shared.protocol import INFER, VERSION, ZERO_COPY_MIN, Message, encode, pack_arrays
-from supervisor.shared.transport import NOBLOCK, recv, send
+from supervisor.shared.transport import NOBLOCK, readable, recv, send, waiting
 
 
 @pytest.fixture
@@ -60,3 +60,19 @@ def test_noblock_raises_again_when_nothing_waits(pair: tuple[zmq.Socket[bytes], 
     router, _ = pair
     with pytest.raises(zmq.Again):
         recv(router, NOBLOCK)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 21])
+def test_a_turn_reads_what_waits_up_to_its_limit(pair: tuple[zmq.Socket[bytes], ...],
+                                                 count: int) -> None:
+    """The daemon's read of a readable socket: one message, a pair (known from the
+    socket's events, no failed receive), a burst (read until none is left), never more
+    than its limit in one turn, in order."""
+    router, dealer = pair
+    for n in range(count):
+        send(dealer, [str(n).encode()])
+    if count:
+        assert router.poll(5000)
+    got = [frames[1] for frames in waiting(router, 16)]
+    assert got == [str(n).encode() for n in range(min(count, 16))]
+    assert readable(router) == (count > 16)

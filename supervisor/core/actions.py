@@ -29,12 +29,14 @@ class Reply:
 
 @dataclass(frozen=True)
 class SendBatch:
-    """Send these jobs to a worker as one JOB message, padded to ``pad_to`` rows."""
+    """Send these jobs to a worker as one JOB message, padded to ``pad_to`` rows; ``rows``:
+    theirs before padding."""
 
     worker_id: str
     jobs: tuple[Job, ...]
     pad_to: int
     now: float
+    rows: int
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from supervisor.shared.protocol import (
     UNKNOWN_MODEL,
     VERSION,
     Frame,
+    HeaderMemo,
     Limits,
     Message,
     ProtocolError,
@@ -99,6 +100,7 @@ class Admission:
 
     def __init__(self, sup: SupervisorSection) -> None:
         self.known: dict[str, KnownDescriptions] = {}
+        self.headers = HeaderMemo()
         self.next_job_id = 1
         self.configure(sup)
 
@@ -109,14 +111,15 @@ class Admission:
 
     def decode(self, body: list[Frame]) -> Message:
         try:
-            return decode(body, self.limits)
+            return decode(body, self.limits, self.headers)
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
 
     def job(self, msg: Message, envelope: list[Frame], models: Mapping[str, ModelState],
-            now: float) -> Job:
+            now: float, header: Frame | None = None) -> Job:
         """An infer request made a Job, or a Refusal saying why not (the model, the sizes,
-        the arrays against the model's inputs, the deadline)."""
+        the arrays against the model's inputs, the deadline). ``header``: the header frame
+        it was decoded from, by which a description seen before is known at once."""
         model = msg.header.get("model")
         if not isinstance(model, str):
             raise Refusal(BAD_REQUEST, "header field 'model' must be a string")
@@ -162,13 +165,19 @@ class KnownDescriptions:
     """One per model: the request descriptions that passed, by key."""
 
     def __init__(self) -> None:
-        self.passed: dict[Key, Passed] = {}
+        self.passed: dict[Key | bytes, Passed] = {}  # by description, or header bytes
 
     def check(self, raw: object, frames: Sequence[Frame], inputs: Sequence[TensorSpec] | None,
-              max_elements: int | None) -> Passed:
+              max_elements: int | None, header: Frame | None = None) -> Passed:
         """The request's description; ProtocolError, as the full check raises it, if it
-        fails."""
-        key = spec_key(raw)
+        fails. ``header``: the bytes ``raw`` was parsed from, when known: the same bytes
+        hold the same description, so they key it without walking it (the header's other
+        fields, a timeout say, only make more keys for one description)."""
+        key: Key | bytes | None
+        if type(header) is bytes and len(header) <= HeaderMemo.MAX_BYTES:
+            key = header
+        else:
+            key = spec_key(raw)
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
             return known

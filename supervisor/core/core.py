@@ -138,7 +138,7 @@ class Core:
         try:
             if self.shutdown_started is not None:
                 raise Refusal(SHUTTING_DOWN, "the supervisor is shutting down; retry elsewhere")
-            job = self.admission.job(msg, envelope, self.pool.models, now)
+            job = self.admission.job(msg, envelope, self.pool.models, now, body[3])
             state = self.pool.models[job.model]
             if state.unavailable and not self.pool.ready(job.model):
                 raise Refusal(UNAVAILABLE, self._unavailable(job.model))

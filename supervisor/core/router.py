@@ -126,7 +126,7 @@ class Router:
             key = min(rows, MAX_BATCH_JOBS)
             sizes[key] = sizes.get(key, 0) + 1
             pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
-            self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now))
+            self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now, rows))
             sent += len(batch)
         return sent
 

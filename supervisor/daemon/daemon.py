@@ -25,7 +25,6 @@ from supervisor.config import worker_spec
 from supervisor.config.keys import Config, CurveConfig, SupervisorSection
 from supervisor.config.settings import ConfigErrors
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.core.batching import job_rows
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
 from supervisor.daemon.control import Controller
@@ -51,7 +50,7 @@ from supervisor.shared.protocol import (
     pack_job,
     split_envelope,
 )
-from supervisor.shared.transport import NOBLOCK, ipv6_for, recv, send
+from supervisor.shared.transport import ipv6_for, send, waiting
 
 log = logs.get(__name__)
 
@@ -203,8 +202,9 @@ class Daemon:
                 ready = dict(poller.poll(sleep_ms))
                 self.turn_started = self.clock()
                 self._stalled(self.turn_started - before - sleep_ms / 1000)
-                self._guarded("signal_handling_failed",
-                              partial(self._handle_signals, self.signals.fileno() in ready))
+                woken = self.signals.fileno() in ready
+                if woken or self.signals.pending:  # nothing to do on most turns
+                    self._guarded("signal_handling_failed", partial(self._handle_signals, woken))
                 if self.backend in ready:
                     self._drain(self.backend, self._on_backend)
                 if self.frontend in ready:
@@ -260,11 +260,7 @@ class Daemon:
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
-        for _ in range(BATCH_READS):
-            try:
-                frames = recv(sock, NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in waiting(sock, BATCH_READS):
             try:
                 handler(frames)
             except Exception:  # the daemon never dies of one message
@@ -335,8 +331,8 @@ class Daemon:
     def _perform(self) -> None:
         """Carry out what the core decided; some actions report back (a spawn that failed,
         memory read now), which may decide more."""
-        while actions := self.core.take():
-            for action in actions:
+        while self.core.outbox:  # most calls find nothing: no copy, no call
+            for action in self.core.take():
                 try:
                     self._perform_one(action)
                 except Exception:
@@ -372,7 +368,7 @@ class Daemon:
     def _send_batch(self, action: SendBatch) -> None:
         """One message per batch; the jobs' array frames pass through without a copy."""
         jobs = action.jobs
-        self.reporter.metrics.batch(jobs[0].model, sum(job_rows(j) for j in jobs),
+        self.reporter.metrics.batch(jobs[0].model, action.rows,
                                     [action.now - j.received_at for j in jobs])
         entries = [JobEntry(str(j.id).encode(), j.inputs, j.arrays) for j in jobs]
         send(self.backend, [action.worker_id.encode(), *encode(pack_job(entries, action.pad_to))])
@@ -431,12 +427,7 @@ class Daemon:
     def _read_requests(self) -> None:
         """Every request waiting on the frontend (up to BATCH_READS), handed to the core as
         one arrival: jobs already here batch together (see Core.requests)."""
-        burst: list[list[Frame]] = []
-        for _ in range(BATCH_READS):
-            try:
-                burst.append(recv(self.frontend, NOBLOCK))
-            except zmq.Again:
-                break
+        burst = list(waiting(self.frontend, BATCH_READS))
         if burst:
             self.core.requests(burst, self.clock())
 

@@ -199,8 +199,36 @@ DEFAULT_LIMITS = Limits()
 INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
-def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Parse frames into a Message; raise ProtocolError on anything malformed."""
+class HeaderMemo:
+    """Headers already parsed, by their bytes. A client sends the same header on every call
+    of the same shapes (model, array specs, timeout), and parsing it was a tenth of the
+    supervisor's work per request; a header seen before is taken from here instead.
+
+    A hit is the very dict an earlier decode returned, so whoever decodes with a memo must
+    never change a header (admission only reads them). Bounded: headers of at most
+    MAX_BYTES bytes, at most MAX_ENTRIES of them (then it starts over), so a client that
+    sends a new header every time costs one failed lookup and nothing kept."""
+
+    MAX_BYTES = 512
+    MAX_ENTRIES = 1024
+
+    def __init__(self) -> None:
+        self.headers: dict[bytes, dict[str, Any]] = {}
+
+    def get(self, data: bytes) -> dict[str, Any] | None:
+        return self.headers.get(data)
+
+    def keep(self, data: bytes, header: dict[str, Any]) -> None:
+        if len(data) <= self.MAX_BYTES:
+            if len(self.headers) >= self.MAX_ENTRIES:
+                self.headers.clear()
+            self.headers[data] = header
+
+
+def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS,
+           memo: HeaderMemo | None = None) -> Message:
+    """Parse frames into a Message; raise ProtocolError on anything malformed. ``memo``:
+    headers seen before (their dicts are shared: read them, never change them)."""
     if len(frames) < 4:
         raise ProtocolError(f"expected at least 4 frames (version, kind, job id, header), "
                             f"got {len(frames)}")
@@ -212,7 +240,7 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}")
     job_id = _small(frames[2], MAX_JOB_ID, "job id")
-    header = _header(frames[3], limits.max_header)
+    header = _header(frames[3], limits.max_header, memo)
     arrays = list(frames[4:])
     if len(arrays) > limits.max_arrays:
         raise ProtocolError(f"at most {limits.max_arrays} arrays per message, got {len(arrays)}")
@@ -237,8 +265,12 @@ def _small(frame: Frame, limit: int, what: str) -> bytes:
     return data
 
 
-def _header(frame: Frame, limit: int) -> dict[str, Any]:
+def _header(frame: Frame, limit: int, memo: HeaderMemo | None = None) -> dict[str, Any]:
     data = _small(frame, limit, "header")
+    # Same bytes, same verdict: whatever limit is in force, bytes within it parse alike
+    # (every string and map in them is shorter than the bytes), and a refusal is never kept.
+    if memo is not None and (seen := memo.get(data)) is not None:
+        return seen
     try:
         # Strings and bytes may be as long as the header itself may be: on the internal hop
         # (16 MiB) a RESULTS message may carry a long error text.
@@ -252,6 +284,8 @@ def _header(frame: Frame, limit: int) -> dict[str, Any]:
                             f"{str(exc)[:160]})") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a msgpack map")
+    if memo is not None:
+        memo.keep(data, header)
     return header
 
 
@@ -267,7 +301,9 @@ def split_envelope(frames: Sequence[Frame]) -> tuple[list[Frame], list[Frame]]:
 
 
 def frame_length(frame: Frame) -> int:
-    return len(frame.buffer) if isinstance(frame, zmq.Frame) else len(frame)
+    """Bytes in a frame: a zmq.Frame's length is its size, read in C (its ``buffer``
+    builds a memoryview first)."""
+    return len(frame)
 
 
 def _buffer(frame: Frame) -> memoryview | bytes:
