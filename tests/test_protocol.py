@@ -168,6 +168,22 @@ def test_results_round_trip() -> None:
         [(m.kind, m.job_id, m.header) for m in replies]
     assert [len(m.arrays) for m in back] == [2, 0, 1] and back[2].arrays == [b"tail"]
     assert leaving is False and "leaving" not in pack_results(replies).header
+    # Passed on as it came: what the client gets decodes to what the worker answered.
+    for reply, sent in zip(back, replies, strict=True):
+        assert decode(encode(Message(reply.kind, b"client", reply.header, reply.arrays,
+                                     reply.packed))).header == sent.header
+
+
+def test_a_header_jobs_share_is_packed_and_unpacked_once() -> None:
+    shared = {"outputs": [{"name": "y", "dtype": "float32", "shape": [1, 1]}]}
+    replies = [Message(RESULT, str(i).encode(), shared, [b"abcd"]) for i in range(5)]
+    replies.append(Message(RESULT, b"own", {"outputs": []}, []))
+    msg = pack_results(replies)
+    packed = [e["header"] for e in msg.header["jobs"]]
+    assert len({id(h) for h in packed[:5]}) == 1 and packed[5] != packed[0]
+    back, _ = unpack_results(decode(encode(msg), INTERNAL_HOP))
+    assert len({id(m.header) for m in back[:5]}) == 1 and back[0].header == shared
+    assert back[5].header == {"outputs": []}
 
 
 def test_results_say_when_the_worker_is_leaving() -> None:
@@ -205,22 +221,33 @@ def test_error_texts_are_bounded_where_they_are_made() -> None:
     decode(encode(error_message(b"j", "internal", "\u20ac" * 100_000)))
 
 
+EMPTY = msgpack.packb({})
+
+
 @pytest.mark.parametrize(("header", "arrays", "fragment"), [
     ({}, [], "'jobs' list"),
-    ({"jobs": [{"id": b"1", "kind": b"infer", "header": {}, "arrays": 0}]}, [], "kind"),
-    ({"jobs": [{"id": "1", "kind": b"result", "header": {}, "arrays": 0}]}, [], "id"),
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 2}]}, [b"a"], "2 arrays"),
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 0}]}, [b"a"], "0 arrays"),
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": -1}]}, [], "arrays"),
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": True}]}, [b"a"],
+    ({"jobs": [{"id": b"1", "kind": b"infer", "header": EMPTY, "arrays": 0}]}, [], "kind"),
+    ({"jobs": [{"id": "1", "kind": b"result", "header": EMPTY, "arrays": 0}]}, [], "id"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": EMPTY, "arrays": 2}]}, [b"a"],
+     "2 arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": EMPTY, "arrays": 0}]}, [b"a"],
+     "0 arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": EMPTY, "arrays": -1}]}, [], "arrays"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": EMPTY, "arrays": True}]}, [b"a"],
      "arrays"),
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": [], "arrays": 0}]}, [], "header"),
+    # A header unpacked (the format before headers travelled packed) or packed wrong.
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 0}]}, [], "header"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": msgpack.packb([]), "arrays": 0}]}, [],
+     "header must be a msgpack map"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": b"\xc1", "arrays": 0}]}, [],
+     "header is not valid msgpack"),
     # Counts of 2 and -1 add up to the 1 frame that came, but the first names 2 of it.
-    ({"jobs": [{"id": b"1", "kind": b"result", "header": {}, "arrays": 2},
-               {"id": b"2", "kind": b"result", "header": {}, "arrays": -1}]}, [b"a"], "remain"),
+    ({"jobs": [{"id": b"1", "kind": b"result", "header": EMPTY, "arrays": 2},
+               {"id": b"2", "kind": b"result", "header": EMPTY, "arrays": -1}]}, [b"a"],
+     "remain"),
     ({"jobs": [], "leaving": 1}, [], "leaving"),
     ({"jobs": [], "leaving": [True]}, [], "leaving"),
-    ({"jobs": [{"id": b"1", "kind": [b"result"], "header": {}, "arrays": 0}]}, [], "kind"),
+    ({"jobs": [{"id": b"1", "kind": [b"result"], "header": EMPTY, "arrays": 0}]}, [], "kind"),
 ])
 def test_unpack_results_refuses_what_does_not_add_up(header: dict[str, object],
                                                      arrays: list[bytes], fragment: str) -> None:

@@ -293,7 +293,7 @@ class Core:
             if job is not None:
                 worker.jobs += 1
                 self.router.answer(job, Message(reply.kind, job.client_job_id, reply.header,
-                                                reply.arrays))
+                                                reply.arrays, reply.packed))
         if self.router.held_by(worker.id):  # one batch at a time: all of it is answered
             self._broke(worker, "results left jobs of its batch unanswered", now)
         elif leaving:
