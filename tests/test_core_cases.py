@@ -721,3 +721,21 @@ def test_recycle_and_reload_are_refused_while_stopping() -> None:
         assert result is not None and not result["ok"] and "stopping" in result["error"]
     assert not answers
     assert controller.handle({"command": "status"}, world.now, True, answers.append)["ok"]
+
+
+def test_a_repeated_request_is_known_by_its_header_bytes_and_its_frames_still_checked() -> None:
+    """Admission keys a description it passed by the header bytes it came in, so the next
+    request with those bytes is not parsed nor walked again; its frames are still measured."""
+    world = World()
+    world.ready("a-1")
+    first = valid("a", 1, 2)
+    world.request(first)
+    assert first[3] in world.core.admission.known["a"].passed
+    short = [*first[:4], first[4][:-1]]  # the same header, a frame one byte short
+    refused = world.request(short)
+    assert world.code(refused) == "bad_request"
+    assert "7 bytes" in world.replies[refused][0].header["message"]
+    world.answer("a-1")
+    again = world.request(valid("a", 1, 2))
+    world.answer("a-1")
+    assert world.code(again) == "ok"

@@ -134,7 +134,7 @@ class Admission:
         dims = state.serving_dims if state.serving_dims is not None else state.config.pad_dims
         try:  # from the header and the frame lengths alone: no array is built at admission
             passed = known.check(msg.header.get("inputs"), msg.arrays, state.inputs,
-                                 self.limits.max_elements)
+                                 self.limits.max_elements, header)
             key = batch_key(passed.specs, dims) if dims else passed.layout
         except ProtocolError as exc:
             raise Refusal(exc.code, _sent_generated(msg.header.get("inputs"), dims) or str(exc)) \
