@@ -149,7 +149,7 @@ class Admission:
 
     def _sized(self, msg: Message) -> int:
         """The job's array bytes, once the whole message is known to be within bounds."""
-        nbytes = sum(frame_length(f) for f in msg.arrays)
+        nbytes = sum(map(frame_length, msg.arrays))
         size = nbytes + len(msg.job_id) + len(msg.kind) + len(VERSION)
         sup = self.sup
         if size > sup.max_message_size:
@@ -198,7 +198,7 @@ def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> b
         return False
     if max_elements is not None and known.elements > max_elements:
         return False
-    return all(frame_length(f) == n for f, n in zip(frames, known.lengths, strict=True))
+    return tuple(map(frame_length, frames)) == known.lengths
 
 
 def spec_key(raw: object) -> Key | None:

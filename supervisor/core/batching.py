@@ -78,6 +78,9 @@ def take_batch(queue: deque[Job], policy: BatchPolicy, now: float) -> list[Job]:
         waiting = now < head.received_at + policy.timeout
         if rows < policy.max_batch_size and waiting:
             return []
+    if len(batch) == len(queue):  # all of it (one job in flight, say): nothing to keep
+        queue.clear()
+        return batch
     taken = {id(job) for job in batch}
     kept = [job for job in queue if id(job) not in taken]
     queue.clear()

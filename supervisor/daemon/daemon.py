@@ -368,10 +368,11 @@ class Daemon:
     def _send_batch(self, action: SendBatch) -> None:
         """One message per batch; the jobs' array frames pass through without a copy."""
         jobs = action.jobs
-        self.reporter.metrics.batch(jobs[0].model, action.rows,
-                                    [action.now - j.received_at for j in jobs])
         entries = [JobEntry(str(j.id).encode(), j.inputs, j.arrays) for j in jobs]
         send(self.backend, [action.worker_id.encode(), *encode(pack_job(entries, action.pad_to))])
+        # Counted after the send: with one job in flight, the worker is waiting for it.
+        self.reporter.metrics.batch(jobs[0].model, action.rows,
+                                    [action.now - j.received_at for j in jobs])
 
     def _spawn(self, action: Spawn) -> None:
         capture: int | None = None
