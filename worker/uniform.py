@@ -94,7 +94,7 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
         return None
     arrays: Arrays = {}
     for index, spec in enumerate(specs):
-        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        dtype = _little_endian(spec.dtype)
         size = math.prod(concrete_shape(spec)) * dtype.itemsize
         frames = [e.arrays[index] for e in entries]
         if any(len(f) != size for f in frames):
@@ -106,6 +106,18 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
         array = array.reshape(len(frames) * rows, *spec.shape[1:])
         arrays[spec.name] = _padded(array, pad_to)
     return arrays, rows
+
+
+def _little_endian(name: str) -> np.dtype[Any]:
+    """The wire's (little-endian) numpy dtype of a protocol dtype name, made once per name:
+    np.dtype(...).newbyteorder() cost more than joining a one-job batch's frames."""
+    dtype = _LITTLE.get(name)
+    if dtype is None:
+        dtype = _LITTLE[name] = np.dtype(name).newbyteorder("<")
+    return dtype
+
+
+_LITTLE: dict[str, np.dtype[Any]] = {}  # protocol dtype names: a fixed, small set
 
 
 def _padded(array: np.ndarray, size: int) -> np.ndarray:
@@ -132,7 +144,7 @@ def _split(entries: list[JobEntry], outputs: Arrays, each: int) -> list[Message]
     pieces: list[list[Any]] = []
     for name, value in outputs.items():
         array = np.ascontiguousarray(value[:rows], dtype=value.dtype.newbyteorder("<"))
-        specs.append({"name": name, "dtype": array.dtype.name,
+        specs.append({"name": name, "dtype": wire_dtype(array),  # numeric: numpy's name
                       "shape": [each, *array.shape[1:]]})
         step = array.nbytes // rows * each
         if step == 0:  # an output with a dimension of 0 (no detections, say)
