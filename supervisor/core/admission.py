@@ -34,6 +34,7 @@ from supervisor.core.jobs import Job
 from supervisor.shared.padding import PadDim, batch_key
 from supervisor.shared.protocol import (
     BAD_REQUEST,
+    INFER_FIELDS,
     ITEMSIZE,
     MAX_JOB_ID,
     MAX_NDIM,
@@ -100,7 +101,7 @@ class Admission:
 
     def __init__(self, sup: SupervisorSection) -> None:
         self.known: dict[str, KnownDescriptions] = {}
-        self.headers = HeaderMemo()
+        self.headers = HeaderMemo(INFER_FIELDS)  # those of requests admitted
         self.next_job_id = 1
         self.configure(sup)
 
@@ -145,6 +146,8 @@ class Admission:
                   key=key)
         job.rows = passed.rows  # what Job.rows would work out from the same specs
         self.next_job_id += 1
+        if header is not None:  # admitted: the next request in these bytes is not parsed
+            self.headers.keep(header, msg.header)
         return job
 
     def _sized(self, msg: Message) -> int:

@@ -204,36 +204,48 @@ DEFAULT_LIMITS = Limits()
 INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
+# The fields of an infer request's header (docs/protocol.md): the only ones a header the
+# supervisor remembers may hold.
+INFER_FIELDS = frozenset({"model", "inputs", "timeout_ms"})
+
+
 class HeaderMemo:
     """Headers already parsed, by their bytes. A client sends the same header on every call
     of the same shapes (model, array specs, timeout), and parsing it was a tenth of the
     supervisor's work per request; a header seen before is taken from here instead.
 
-    A hit is the very dict an earlier decode returned, so whoever decodes with a memo must
-    never change a header (admission only reads them). Bounded: headers of at most
-    MAX_BYTES bytes, at most MAX_ENTRIES of them (then it starts over), so a client that
-    sends a new header every time costs one failed lookup and nothing kept."""
+    decode only looks headers up; whoever decoded one keeps it, once it proved to be what
+    it is there for (admission: a request it admitted), so nothing is kept for a message
+    that was refused. A hit is the very dict an earlier decode returned: nobody may change
+    a header decoded with a memo. Bounded: a header of at most MAX_BYTES bytes holding only
+    ``fields``, at most MAX_ENTRIES of them, the oldest dropped first. A 512-byte header of
+    empty maps unpacks to ~36 KB of Python objects; specs that passed admission, a few KB at
+    most, so the memo holds a few MB in the worst case and a few KB in practice."""
 
     MAX_BYTES = 512
-    MAX_ENTRIES = 1024
+    MAX_ENTRIES = 256
 
-    def __init__(self) -> None:
+    def __init__(self, fields: frozenset[str]) -> None:
+        self.fields = fields
         self.headers: dict[bytes, dict[str, Any]] = {}
 
     def get(self, data: bytes) -> dict[str, Any] | None:
         return self.headers.get(data)
 
-    def keep(self, data: bytes, header: dict[str, Any]) -> None:
-        if len(data) <= self.MAX_BYTES:
-            if len(self.headers) >= self.MAX_ENTRIES:
-                self.headers.clear()
-            self.headers[data] = header
+    def keep(self, data: Frame, header: dict[str, Any]) -> None:
+        """Remember ``header`` as what ``data`` decodes to (the caller decoded it so)."""
+        if type(data) is not bytes or len(data) > self.MAX_BYTES or data in self.headers \
+                or not self.fields.issuperset(header):
+            return
+        if len(self.headers) >= self.MAX_ENTRIES:
+            del self.headers[next(iter(self.headers))]  # the oldest: dicts keep order
+        self.headers[data] = header
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS,
            memo: HeaderMemo | None = None) -> Message:
     """Parse frames into a Message; raise ProtocolError on anything malformed. ``memo``:
-    headers seen before (their dicts are shared: read them, never change them)."""
+    headers kept before (their dicts are shared: read them, never change them)."""
     if len(frames) < 4:
         raise ProtocolError(f"expected at least 4 frames (version, kind, job id, header), "
                             f"got {len(frames)}")
@@ -276,6 +288,10 @@ def _header(frame: Frame, limit: int, memo: HeaderMemo | None = None) -> dict[st
     # (every string and map in them is shorter than the bytes), and a refusal is never kept.
     if memo is not None and (seen := memo.get(data)) is not None:
         return seen
+    return _parse_header(data, limit)
+
+
+def _parse_header(data: bytes, limit: int) -> dict[str, Any]:
     try:
         # Strings and bytes may be as long as the header itself may be: on the internal hop
         # (16 MiB) a RESULTS message may carry a long error text.
@@ -289,8 +305,6 @@ def _header(frame: Frame, limit: int, memo: HeaderMemo | None = None) -> dict[st
                             f"{str(exc)[:160]})") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a msgpack map")
-    if memo is not None:
-        memo.keep(data, header)
     return header
 
 
