@@ -1,5 +1,6 @@
 """The clients' per-call path against a scripted server: reply headers remembered only where
-nothing the caller holds can share them."""
+nothing the caller holds can share them, and the AsyncClient's outbox (the next sends of
+calls resumed together go together, never one of a call that ended before it went)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import zmq
 
 from supervisor.aclient import AsyncClient
-from supervisor.client import Client
+from supervisor.client import Client, NoReply
 from supervisor.client import client as client_module
 from supervisor.shared.protocol import (
     INFER,
@@ -36,9 +37,11 @@ MODELS_HEADER = {"models": {"m": {"inputs": [{"name": "x", "dtype": "float32",
 class Scripted:
     """A ROUTER in a thread answering like a supervisor: an echo of each job's arrays as its
     RESULT (header {"outputs": the request's inputs}), the same MODELS reply every time. It
-    counts the jobs it got."""
+    counts the jobs it got. ``together``: replies held until that many are due (or nothing
+    came for 20 ms), then sent at once, as a supervisor answers a batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, together: int = 1) -> None:
+        self.together = together
         self.dir = short_tmpdir()
         self.endpoint = f"ipc://{self.dir}/scripted.sock"
         self.jobs: list[bytes] = []
@@ -49,8 +52,10 @@ class Scripted:
         self._thread.start()
 
     def _serve(self) -> None:
+        due: list[list[Any]] = []
         while not self._stop.is_set():
             if not self._sock.poll(20):
+                self._send(due)
                 continue
             peer, *frames = self._sock.recv_multipart()
             msg = decode(frames)
@@ -60,7 +65,14 @@ class Scripted:
                                 msg.arrays)
             else:
                 reply = Message(MODELS, msg.job_id, MODELS_HEADER)
-            self._sock.send_multipart([peer, *encode(reply)])
+            due.append([peer, *encode(reply)])
+            if len(due) >= self.together:
+                self._send(due)
+
+    def _send(self, due: list[list[Any]]) -> None:
+        for frames in due:
+            self._sock.send_multipart(frames)
+        due.clear()
 
     def close(self) -> None:
         self._stop.set()
@@ -122,3 +134,75 @@ def test_models_replies_are_the_callers_own(scripted: Scripted, kind: str) -> No
                 return await client.models()
         second = asyncio.run(again())
     assert second == MODELS_HEADER["models"]
+
+
+def test_calls_resumed_together_send_together_and_each_get_their_own_answer() -> None:
+    """Replies that come in batches resume their calls together, whose next sends wait for
+    one flush: every job is sent once and each call answered with its own arrays."""
+    server = Scripted(together=10)
+    flushes: list[int] = []
+
+    async def go() -> list[float]:
+        async with AsyncClient(server.endpoint, timeout=10) as client:
+            link = client._link(server.endpoint)
+            flush = link._flush
+            link._flush = lambda: (flushes.append(len(link.outbox)), flush())[1]  # type: ignore[method-assign]
+
+            async def calls(task: int) -> list[float]:
+                got = []
+                for i in range(task * 100, task * 100 + 20):
+                    out = await client.infer("m", {"x": np.full((1, 4), float(i), np.float32)})
+                    got.append(float(out["x"][0, 0]))
+                return got
+            per_task = await asyncio.gather(*(calls(t) for t in range(30)))
+            return [v for got in per_task for v in got]
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        server.close()
+    assert got == [float(i) for t in range(30) for i in range(t * 100, t * 100 + 20)]
+    assert len(server.jobs) == len(set(server.jobs)) == 600
+    assert max(flushes) > 1  # some sends did go together
+
+
+def test_a_call_that_ends_before_its_turn_is_over_is_never_sent(scripted: Scripted) -> None:
+    """Cancelled while its message waits in the outbox: the message never leaves (it was not
+    sent, as a call cancelled before its send never was); the call after it is served."""
+    async def go() -> None:
+        async with AsyncClient(scripted.endpoint, timeout=10) as client:
+            await client.infer("m", {"x": np.ones((1, 4), np.float32)})  # connected
+            link = client._link(scripted.endpoint)
+            link.flush_due = True  # a flush due, as after a read of several replies
+            doomed = asyncio.ensure_future(client.infer("m", {"x": np.ones((1, 4),
+                                                                          np.float32)}))
+            await asyncio.sleep(0)  # it runs up to its wait: in the outbox
+            assert len(link.outbox) == 1
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            link._flush()  # the flush that was due
+            out = await client.infer("m", {"x": np.full((1, 4), 5.0, np.float32)})
+            assert float(out["x"][0, 0]) == 5.0
+
+    asyncio.run(go())
+    assert len(scripted.jobs) == 2
+
+
+def test_closing_with_calls_in_the_outbox_ends_them_with_no_reply(scripted: Scripted) -> None:
+    async def go() -> None:
+        client = AsyncClient(scripted.endpoint, timeout=10)
+        await client.infer("m", {"x": np.ones((1, 4), np.float32)})
+        link = client._link(scripted.endpoint)
+        link.flush_due = True  # a flush due, as after a read of several replies
+        calls = [asyncio.ensure_future(client.infer("m", {"x": np.ones((1, 4), np.float32)}))
+                 for _ in range(3)]
+        await asyncio.sleep(0)  # they run up to their wait: in the outbox
+        assert len(link.outbox) == 3
+        await client.close()
+        for call in calls:
+            with pytest.raises(NoReply, match="closed"):
+                await call
+
+    asyncio.run(go())
+    assert len(scripted.jobs) == 1
