@@ -8,6 +8,7 @@ import asyncio
 import random
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,3 +207,34 @@ def test_closing_with_calls_in_the_outbox_ends_them_with_no_reply(scripted: Scri
 
     asyncio.run(go())
     assert len(scripted.jobs) == 1
+
+
+def test_a_drop_while_a_call_waits_ends_it_at_once() -> None:
+    """The connection drops with the job out: the wait ends when the monitor hears of it
+    (not at the timeout), and without retry_unanswered the call says it may have run."""
+    workdir = short_tmpdir()
+    endpoint = f"ipc://{workdir}/silent.sock"
+    server = zmq.Context.instance().socket(zmq.ROUTER)
+    server.bind(endpoint)
+    try:
+        with Client(endpoint, timeout=30, retry_unanswered=False) as client:
+            outcome: list[BaseException] = []
+
+            def call() -> None:
+                try:
+                    client.infer("m", {"x": np.ones((1, 4), np.float32)})
+                except NoReply as exc:
+                    outcome.append(exc)
+
+            caller = threading.Thread(target=call)
+            started = time.monotonic()
+            caller.start()
+            assert server.poll(10_000)  # the job is out, and will never be answered
+            server.close(linger=0)
+            caller.join(20)
+            assert not caller.is_alive()
+            assert time.monotonic() - started < 10
+        assert len(outcome) == 1 and "may have run" in str(outcome[0])
+    finally:
+        server.close(linger=0)
+        shutil.rmtree(workdir, ignore_errors=True)
