@@ -624,6 +624,34 @@ def test_remembered_specs_are_what_parsing_gives(calls: list[tuple[object, bool]
     assert len(protocol._PARSED) <= protocol._PARSED_MAX
 
 
+def _unpacked_or_error(spec: TensorSpec, frame: bytes) -> object:
+    try:
+        check_frames([spec], [frame], max_elements=10**4)
+        return {name: (a.dtype, a.shape, a.tobytes() if a.dtype != object else a.tolist())
+                for name, a in arrays_from([spec], [frame]).items()}
+    except ProtocolError as exc:
+        return f"ProtocolError: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.none() | st.integers(0, 5), max_size=4),
+       st.sampled_from(sorted(NUMERIC_DTYPES | {"string", "object"})),
+       st.lists(st.binary(max_size=24), max_size=3))
+def test_a_spec_used_again_checks_frames_as_a_new_one(shape: list[int | None], dtype: str,
+                                                      frames: list[bytes]) -> None:
+    """A spec keeps its concrete shape and element count once worked out (parse_specs hands
+    out the same specs again): a spec used before gives, frame after frame, what a spec
+    made afresh gives, and what the shape says."""
+    kept = TensorSpec("a", dtype, tuple(shape))
+    count = math.prod(d or 0 for d in shape)
+    fitting = b"\x00\x00\x00\x00" * count if dtype == "string" else \
+        b"\x00" * count * protocol.ITEMSIZE.get(dtype, 1)
+    for frame in [fitting, *frames, fitting, *frames]:
+        assert _unpacked_or_error(kept, frame) == \
+            _unpacked_or_error(TensorSpec("a", dtype, tuple(shape)), frame)
+        assert kept.concrete == tuple(d or 0 for d in shape) and kept.elements == count
+
+
 def test_specs_remembered_are_bounded_in_size() -> None:
     """A list of more specs than a message can carry arrays is parsed, never remembered: a
     client's refused headers (64 KiB of ~2,000 specs each) kept ~650 MiB in a supervisor."""

