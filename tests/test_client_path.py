@@ -46,6 +46,7 @@ class Scripted:
         self.dir = short_tmpdir()
         self.endpoint = f"ipc://{self.dir}/scripted.sock"
         self.jobs: list[bytes] = []
+        self.headers: list[bytes] = []  # each job's header, as it came
         self._sock = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.bind(self.endpoint)
         self._stop = threading.Event()
@@ -62,6 +63,7 @@ class Scripted:
             msg = decode(frames)
             if msg.kind == INFER:
                 self.jobs.append(msg.job_id)
+                self.headers.append(frames[3])
                 reply = Message(RESULT, msg.job_id, {"outputs": msg.header["inputs"]},
                                 msg.arrays)
             else:
@@ -238,3 +240,21 @@ def test_a_drop_while_a_call_waits_ends_it_at_once() -> None:
     finally:
         server.close(linger=0)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_first_try_carries_the_timeout_as_given(scripted: Scripted) -> None:
+    """The same call twice sends the same header bytes, with the caller's timeout: the
+    supervisor knows a header by its bytes (one refreshed from the clock varied by 1 ms)."""
+    x = {"x": np.ones((1, 4), np.float32)}
+    with Client(scripted.endpoint, timeout=7.5) as client:
+        for _ in range(20):
+            client.infer("m", x)
+
+    async def twice() -> None:
+        async with AsyncClient(scripted.endpoint, timeout=7.5) as aclient:
+            for _ in range(20):
+                await aclient.infer("m", x)
+
+    asyncio.run(twice())
+    assert len(set(scripted.headers)) == 1
+    assert msgpack.unpackb(scripted.headers[0])["timeout_ms"] == 7500

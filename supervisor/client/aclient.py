@@ -324,8 +324,9 @@ class AsyncClient:
     async def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
         attempt = Attempt(self._rotation, self.retry_unanswered, timeout, deadline)
-        for endpoint in attempt.endpoints():
-            refresh_deadline(msg, deadline)
+        for tries, endpoint in enumerate(attempt.endpoints()):
+            if tries:  # the first goes as made: the same calls, the same header bytes
+                refresh_deadline(msg, deadline)
             try:
                 reply = await self._link(endpoint).exchange(msg, deadline)
             except NotSent:

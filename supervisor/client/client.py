@@ -110,8 +110,9 @@ def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None
 # share because nothing the caller can reach holds these dicts: a job's reply header is only
 # read (outcome, error_from and failover copy out what they need); a models() reply, whose
 # maps the caller gets, is never decoded with it. One per process, for every thread: each
-# use is a single dict operation under the GIL, and one bound holds for all of them.
-job_replies = HeaderMemo()
+# use is a single dict operation under the GIL, and one bound holds for all of them. Only
+# results are kept ({"outputs": ...}), each once it answered the call it was for.
+job_replies = HeaderMemo(frozenset({"outputs"}))
 
 
 def outcome(msg: Message) -> dict[str, np.ndarray]:
@@ -186,8 +187,11 @@ class _Link:
                 self.monitor.recv_multipart()
                 raise Lost
             if ready:
-                reply = decode(recv(self.sock), DEFAULT_LIMITS, memo)
+                frames = recv(self.sock)
+                reply = decode(frames, DEFAULT_LIMITS, memo)
                 if reply.job_id == msg.job_id:
+                    if memo is not None and reply.kind == RESULT:
+                        memo.keep(frames[3], reply.header)
                     return reply
                 # else: a late reply to an earlier call that timed out; drop it
         raise TimeoutError
@@ -253,9 +257,10 @@ class Client:
     def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout
         attempt = Attempt(self._rotation, self.retry_unanswered, timeout, deadline)
-        for endpoint in attempt.endpoints():
+        for tries, endpoint in enumerate(attempt.endpoints()):
             link = self._link(endpoint)
-            refresh_deadline(msg, deadline)
+            if tries:  # the first goes as made: the same calls, the same header bytes
+                refresh_deadline(msg, deadline)
             try:
                 reply = link.exchange(msg, deadline)
             except NotSent:
@@ -291,7 +296,10 @@ class Client:
 
 
 def refresh_deadline(msg: Message, deadline: float) -> None:
-    """A retried job carries the time it has left, not its original timeout."""
+    """A retried job carries the time it has left, not its original timeout. The first try
+    carries the timeout as given: refreshed, it varied with the microseconds spent before
+    the send (10089 or 10090 ms), and the supervisor, which knows a request's header by
+    its bytes, parsed again every one that varied."""
     if msg.kind == INFER and "timeout_ms" in msg.header:
         left = deadline - time.monotonic()
         msg.header["timeout_ms"] = max(1, int(left / 1.1 * 1000))
