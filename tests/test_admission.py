@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import msgpack
 from hypothesis import given, settings
 
-from supervisor.core.admission import MAX_KEPT, KnownDescriptions, spec_key
+from supervisor.core.admission import MAX_KEPT, KnownDescriptions
 from supervisor.core.batching import job_key
 from supervisor.core.jobs import Job
 from supervisor.shared.protocol import (
@@ -18,6 +18,7 @@ from supervisor.shared.protocol import (
     check_frames,
     check_specs,
     parse_specs,
+    specs_key,
 )
 
 INPUTS = [TensorSpec("x", "float32", (None, 4)), TensorSpec("y", "int64", (None,))]
@@ -115,7 +116,7 @@ def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
     raw = [{"name": "x", "dtype": "float32", "shape": [2, 4]}]
     good = [b"\0" * 32]
     d.check(raw, good, OTHER_INPUTS, None)
-    assert spec_key(raw) in d.passed
+    assert specs_key(raw) in d.passed
     passed = d.check(raw, good, OTHER_INPUTS, None)
     assert passed.specs == [TensorSpec("x", "float32", (2, 4))]
     # worked out once for every job of this description: the batching's key and rows
@@ -124,7 +125,7 @@ def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
                                                                   OTHER_INPUTS, None)
     assert "31 bytes" in str(known(d, raw, [b"\0" * 31], OTHER_INPUTS, None))
     # a bool is not an int to the protocol, though True == 1 to Python
-    assert spec_key([{"name": "x", "dtype": "float32", "shape": [True, 4]}]) is None
+    assert specs_key([{"name": "x", "dtype": "float32", "shape": [True, 4]}]) is None
 
 
 def test_what_admission_keeps_is_bounded() -> None:

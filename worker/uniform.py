@@ -20,7 +20,6 @@ always has: every job its own result or error, a bad job never failing its mates
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,6 @@ from supervisor.shared.protocol import (
     Message,
     ProtocolError,
     check_specs,
-    concrete_shape,
     pack_arrays,
     parse_specs,
     wire_dtype,
@@ -95,7 +93,7 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
     arrays: Arrays = {}
     for index, spec in enumerate(specs):
         dtype = _little_endian(spec.dtype)
-        size = math.prod(concrete_shape(spec)) * dtype.itemsize
+        size = spec.elements * dtype.itemsize
         frames = [e.arrays[index] for e in entries]
         if any(len(f) != size for f in frames):
             return None

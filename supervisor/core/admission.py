@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from supervisor.config.keys import SupervisorSection
 from supervisor.core.jobs import Job
@@ -37,7 +37,6 @@ from supervisor.shared.protocol import (
     INFER_FIELDS,
     ITEMSIZE,
     MAX_JOB_ID,
-    MAX_NDIM,
     UNKNOWN_MODEL,
     VERSION,
     Frame,
@@ -49,11 +48,11 @@ from supervisor.shared.protocol import (
     batch_rows,
     check_frames,
     check_specs,
-    concrete_shape,
     decode,
     frame_head,
     frame_length,
     parse_specs,
+    specs_key,
 )
 
 if TYPE_CHECKING:
@@ -83,8 +82,8 @@ class Passed:
 def described(inputs: Sequence[TensorSpec] | None, specs: list[TensorSpec]) -> Passed:
     """What admission knows of a description that passed. ``lengths`` hold 0 for a string
     array, whose frame length its shape does not fix: such a description is never kept."""
-    lengths = tuple(_elements(s) * ITEMSIZE.get(s.dtype, 0) for s in specs)
-    return Passed(inputs, specs, lengths, sum(_elements(s) for s in specs),
+    lengths = tuple(s.elements * ITEMSIZE.get(s.dtype, 0) for s in specs)
+    return Passed(inputs, specs, lengths, sum(s.elements for s in specs),
                   batch_key(specs, ()), batch_rows(specs))
 
 
@@ -168,7 +167,8 @@ class KnownDescriptions:
     """One per model: the request descriptions that passed, by key."""
 
     def __init__(self) -> None:
-        self.passed: dict[Key | bytes, Passed] = {}  # by description, or header bytes
+        # by description (specs_key), or by the header bytes it came in
+        self.passed: dict[tuple[Any, ...] | bytes, Passed] = {}
 
     def check(self, raw: object, frames: Sequence[Frame], inputs: Sequence[TensorSpec] | None,
               max_elements: int | None, header: Frame | None = None) -> Passed:
@@ -176,11 +176,11 @@ class KnownDescriptions:
         fails. ``header``: the bytes ``raw`` was parsed from, when known: the same bytes
         hold the same description, so they key it without walking it (the header's other
         fields, a timeout say, only make more keys for one description)."""
-        key: Key | bytes | None
+        key: tuple[Any, ...] | bytes | None
         if type(header) is bytes and len(header) <= HeaderMemo.MAX_BYTES:
             key = header
         else:
-            key = spec_key(raw)
+            key = specs_key(raw)  # a description of plain values, else None
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
             return known
@@ -202,26 +202,6 @@ def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> b
     if max_elements is not None and known.elements > max_elements:
         return False
     return tuple(map(frame_length, frames)) == known.lengths
-
-
-def spec_key(raw: object) -> Key | None:
-    """A hashable key for a description made only of plain values, else None."""
-    if type(raw) is not list:
-        return None
-    key = []
-    for spec in raw:
-        if type(spec) is not dict or len(spec) != 3:
-            return None
-        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
-        if type(name) is not str or type(dtype) is not str or type(shape) is not list \
-                or len(shape) > MAX_NDIM or not all(type(d) is int for d in shape):
-            return None
-        key.append((name, dtype, tuple(shape)))
-    return tuple(key)
-
-
-def _elements(spec: TensorSpec) -> int:
-    return math.prod(concrete_shape(spec))
 
 
 def _deadline(timeout_ms: object, now: float) -> float | None:

@@ -441,12 +441,6 @@ def _check_strings(spec: TensorSpec, frame: Frame) -> None:
                             f"{exc}") from None
 
 
-def concrete_shape(spec: TensorSpec) -> tuple[int, ...]:
-    """The shape of an actual array. Specs parsed without ``allow_none`` have every
-    dimension known; an unknown one (a model's spec) counts as 0 here."""
-    return spec.concrete
-
-
 def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
     """The first dimension all arrays of one job share: its rows in a batch. None when there
     is none: no arrays, a 0-d array, an unknown first dimension, or arrays that disagree.
@@ -461,7 +455,7 @@ def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs") 
     """``field``: the header field the specs came from, as an error names it. Specs of plain
     values parsed once are remembered (a client reads the same output specs in every reply):
     the key holds every value the parse depends on, so a hit is what parsing would give."""
-    key = _specs_key(specs, allow_none)
+    key = specs_key(specs, allow_none)
     if key is not None and (known := _PARSED.get(key)) is not None:
         return list(known)
     parsed = _parse_specs(specs, allow_none, field)
@@ -474,7 +468,7 @@ _PARSED: dict[tuple[Any, ...], tuple[TensorSpec, ...]] = {}
 _PARSED_MAX = 1024
 
 
-def _specs_key(specs: object, allow_none: bool) -> tuple[Any, ...] | None:
+def specs_key(specs: object, allow_none: bool = False) -> tuple[Any, ...] | None:
     """``(allow_none, (name, dtype, shape), ...)`` when every spec is a map of a str name, a
     str dtype and a list of ints (and Nones), at most MAX_ARRAYS of them; None for anything
     else, which is parsed (and refused) the long way. Exact types only: a bool is not an int
