@@ -41,7 +41,7 @@ from supervisor.shared.protocol import (
     decode,
     encode,
 )
-from supervisor.shared.transport import NOBLOCK, send, waiting
+from supervisor.shared.transport import NOBLOCK, readable, send, waiting
 
 # Replies read per turn of the event loop, at most (the rest on its next turn).
 DRAIN = 256
@@ -49,8 +49,6 @@ DRAIN = 256
 # CONNECT_WAIT: rare (a supervisor still starting or restarting), so a short sleep, not a
 # watcher.
 SEND_RETRY = 0.005
-POLLIN = int(zmq.POLLIN)
-EVENTS = int(zmq.EVENTS)
 
 
 # Calls' deadlines are kept in slots of this many seconds, one timer per slot expiring the
@@ -123,9 +121,7 @@ class _AsyncLink:
         except _Unsent:  # no connection when it went: wait for one, as CONNECT_WAIT allows
             return await self._exchange_when_connected(job_id, frames, deadline)
         finally:
-            calls = self.slots.get(slot)
-            if calls is not None:
-                calls.pop(job_id, None)
+            self._unslot(slot, job_id)
             self.waiting.pop(job_id, None)
 
     def _flush_after_calls(self) -> None:
@@ -174,9 +170,7 @@ class _AsyncLink:
             try:
                 return await future
             finally:
-                calls = self.slots.get(slot)
-                if calls is not None:
-                    calls.pop(job_id, None)
+                self._unslot(slot, job_id)
         finally:
             self.waiting.pop(job_id, None)
             if future.done() and not future.cancelled():
@@ -202,7 +196,7 @@ class _AsyncLink:
     def _check_readable(self) -> None:
         """After a call on the socket: it may have taken the edge of a reply that came
         meanwhile, which is then read on the loop's next turn."""
-        if not self.read_due and self.sock.getsockopt(EVENTS) & POLLIN:
+        if not self.read_due and readable(self.sock):
             self._schedule_read()
 
     def _expire_at(self, when: float, job_id: bytes, future: asyncio.Future[Message]) -> int:
@@ -214,6 +208,12 @@ class _AsyncLink:
             self.loop.call_at(slot * SLOT, self._expire_slot, slot)
         calls[job_id] = future
         return slot
+
+    def _unslot(self, slot: int, job_id: bytes) -> None:
+        """A call that ended leaves its slot (the slot's timer still fires, finding less)."""
+        calls = self.slots.get(slot)
+        if calls is not None:
+            calls.pop(job_id, None)
 
     def _expire_slot(self, slot: int) -> None:
         for future in self.slots.pop(slot, {}).values():
