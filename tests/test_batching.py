@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zmq
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.config.keys import BatchPolicy, powers_of_two
@@ -30,8 +30,10 @@ from supervisor.shared.protocol import (
     encode,
     pack_arrays,
     pack_job,
+    pack_results,
     unpack_arrays,
     unpack_job,
+    unpack_results,
 )
 from tests.conftest import Supervisor
 from worker.batch import run_batch
@@ -483,3 +485,24 @@ def test_uniform_batch_runs_once_as_one_array() -> None:
     assert model.seen == [(8, 2)]
     assert {k: v.tolist() for k, v in got.items()} == {
         str(i).encode(): [[2.0 * i, 2.0 * i]] for i in range(5)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(batches(), min_size=2, max_size=8), st.booleans())
+def test_remembered_layouts_answer_as_worked_out_afresh(
+        sequence: list[tuple[list[JobEntry], int, str, bool]], declared: bool) -> None:
+    """One runner answers a run of batches (its layouts and the output forms remembered
+    from the earlier ones), each exactly as the general path answers it with nothing
+    remembered."""
+    from worker.batch import _general
+
+    specs = [TensorSpec("x", "float32", (None, 3))] if declared else None
+    runner = Runner(Model("double"), specs, None)
+    for entries, pad_to, _, _ in sequence:
+        msg = decode(encode(pack_job(entries, pad_to)), INTERNAL_HOP)
+        slow = _general(Runner(Model("double"), specs, None), unpack_job(msg)[0], pad_to)
+        fast = run_batch(runner, msg)
+        assert _answers(fast) == _answers(slow)
+        # What the supervisor passes on is the packed header: it must say the same.
+        passed, _ = unpack_results(decode(encode(pack_results(fast)), INTERNAL_HOP))
+        assert _answers(passed) == _answers(slow)

@@ -20,9 +20,12 @@ always has: every job its own result or error, a bad job never failing its mates
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from supervisor.shared.protocol import (
@@ -35,6 +38,7 @@ from supervisor.shared.protocol import (
     check_specs,
     pack_arrays,
     parse_specs,
+    specs_key,
     wire_dtype,
 )
 from supervisor.shared.strings import STRING
@@ -79,8 +83,56 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
     first = entries[0].inputs
     if runner.padding or not first or any(e.inputs != first for e in entries):
         return None
+    layout = _layout(runner, first)
+    if layout is None:
+        return None
+    arrays: Arrays = {}
+    count = len(entries)
+    for index, (name, dtype, size, tail) in enumerate(layout.inputs):
+        frames = [e.arrays[index] for e in entries]
+        if any(len(f) != size for f in frames):
+            return None
+        # zmq.Frame is a buffer (its typing stub does not say so). Joined into a bytearray:
+        # the handler gets a writable array, as the general path's concatenation gives it.
+        data = frames[0] if count == 1 else bytearray().join(frames)  # type: ignore[arg-type]
+        array = np.frombuffer(data, dtype=dtype)  # type: ignore[arg-type]
+        arrays[name] = _padded(array.reshape(count * layout.rows, *tail), pad_to)
+    return arrays, layout.rows
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one job's arrays of given specs are read: per input its name, wire dtype, bytes
+    and shape past the first dimension; and the rows every input shares."""
+
+    inputs: tuple[tuple[str, np.dtype[Any], int, tuple[int, ...]], ...]
+    rows: int
+
+
+# Distinct specs a runner remembers: a client sends the same specs on every call of the same
+# shapes; past this many (a model with free dimensions, say), the rest are worked out per batch.
+LAYOUTS_MAX = 256
+
+
+def _layout(runner: Runner, specs: list[dict[str, Any]]) -> Layout | None:
+    """The layout of jobs with these wire specs, None when they cannot take this path;
+    remembered per runner by the specs' values (a hit is what working it out gives: it
+    depends on nothing else but the runner's inputs, fixed at load)."""
+    key = specs_key(specs)
+    if key is None:  # not plain values: the general path reads (and refuses) them
+        return None
+    known = runner.layouts
+    if key in known:
+        return known[key]  # type: ignore[no-any-return]
+    layout = _work_out(runner, specs)
+    if len(known) < LAYOUTS_MAX:
+        known[key] = layout
+    return layout
+
+
+def _work_out(runner: Runner, wire: list[dict[str, Any]]) -> Layout | None:
     try:
-        specs = parse_specs(first)
+        specs = parse_specs(wire)
         if runner.client_inputs is not None:
             check_specs(runner.client_inputs, specs)
     except ProtocolError:
@@ -90,20 +142,12 @@ def _joined(runner: Runner, entries: list[JobEntry], pad_to: int) -> tuple[Array
     rows = specs[0].shape[0]
     if not rows or any(s.shape[0] != rows for s in specs):
         return None
-    arrays: Arrays = {}
-    for index, spec in enumerate(specs):
+    inputs = []
+    for spec in specs:
         dtype = _little_endian(spec.dtype)
-        size = spec.elements * dtype.itemsize
-        frames = [e.arrays[index] for e in entries]
-        if any(len(f) != size for f in frames):
-            return None
-        # zmq.Frame is a buffer (its typing stub does not say so). Joined into a bytearray:
-        # the handler gets a writable array, as the general path's concatenation gives it.
-        data = frames[0] if len(frames) == 1 else bytearray().join(frames)  # type: ignore[arg-type]
-        array = np.frombuffer(data, dtype=dtype)  # type: ignore[arg-type]
-        array = array.reshape(len(frames) * rows, *spec.shape[1:])
-        arrays[spec.name] = _padded(array, pad_to)
-    return arrays, rows
+        inputs.append((spec.name, dtype, spec.elements * dtype.itemsize,
+                       tuple(spec.concrete[1:])))
+    return Layout(tuple(inputs), rows)
 
 
 def _little_endian(name: str) -> np.dtype[Any]:
@@ -130,28 +174,66 @@ def _split(entries: list[JobEntry], outputs: Arrays, each: int) -> list[Message]
     """One RESULT per job: ``each`` rows of every output, in entry order. Numeric outputs are
     cut as byte slices of one buffer under one header shared by every job; anything else
     (strings) is packed job by job."""
-    rows = each * len(entries)
-    if not all(wire_dtype(a) in NUMERIC_DTYPES for a in outputs.values()):
+    form = _form(outputs, each)
+    if form is None:
         replies = []
         for i, entry in enumerate(entries):
             own = {name: array[i * each:(i + 1) * each] for name, array in outputs.items()}
             own_specs, frames = pack_arrays(own)
             replies.append(Message(RESULT, entry.id, {"outputs": own_specs}, frames))
         return replies
-    specs: list[dict[str, Any]] = []
+    count = len(entries)
+    rows = each * count
     pieces: list[list[Any]] = []
-    for name, value in outputs.items():
-        array = np.ascontiguousarray(value[:rows], dtype=value.dtype.newbyteorder("<"))
-        specs.append({"name": name, "dtype": wire_dtype(array),  # numeric: numpy's name
-                      "shape": [each, *array.shape[1:]]})
-        step = array.nbytes // rows * each
+    for (dtype, step), value in zip(form.outputs, outputs.values(), strict=True):
         if step == 0:  # an output with a dimension of 0 (no detections, say)
-            pieces.append([b""] * len(entries))
+            pieces.append([b""] * count)
             continue
+        array = np.ascontiguousarray(value[:rows], dtype=dtype)
         # Slices of a memoryview share the array (no copy) where pyzmq sends without one.
         data: Any = (array.reshape(-1).view(np.uint8).data if step >= ZERO_COPY_MIN
                      else array.tobytes())
-        pieces.append([data[i:i + step] for i in range(0, step * len(entries), step)])
-    header = {"outputs": specs}
-    return [Message(RESULT, entry.id, header, [piece[i] for piece in pieces])
+        pieces.append([data[i:i + step] for i in range(0, step * count, step)])
+    return [Message(RESULT, entry.id, form.header, [piece[i] for piece in pieces], form.packed)
             for i, entry in enumerate(entries)]
+
+
+@dataclass(frozen=True)
+class Form:
+    """The shared answer of a uniform batch's jobs: its header (packed once, and passed on
+    as packed), and per output the wire's dtype and the bytes of one job's rows."""
+
+    header: dict[str, Any]
+    packed: bytes
+    outputs: tuple[tuple[np.dtype[Any], int], ...]
+
+
+# Distinct output layouts remembered: a model answers every batch alike; one with outputs
+# of free dimensions has its forms past this many worked out per batch.
+FORMS_MAX = 256
+_FORMS: dict[tuple[Any, ...], Form] = {}
+
+
+def _form(outputs: Arrays, each: int) -> Form | None:
+    """The form of numeric outputs cut ``each`` rows a job; None when one is not numeric.
+    Remembered by what it depends on: each output's name, dtype and shape past the first
+    dimension (an object array is never remembered: its wire dtype depends on what it
+    holds)."""
+    key = (each, *[(name, value.dtype, value.shape[1:]) for name, value in outputs.items()])
+    form = _FORMS.get(key)
+    if form is not None:
+        return form
+    if not all(wire_dtype(a) in NUMERIC_DTYPES for a in outputs.values()):
+        return None
+    specs: list[dict[str, Any]] = []
+    layout = []
+    for name, value in outputs.items():
+        dtype = _little_endian(wire_dtype(value))
+        tail = list(value.shape[1:])
+        specs.append({"name": name, "dtype": wire_dtype(value), "shape": [each, *tail]})
+        layout.append((dtype, dtype.itemsize * math.prod(tail) * each))
+    header = {"outputs": specs}
+    form = Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))
+    if len(_FORMS) < FORMS_MAX:
+        _FORMS[key] = form
+    return form

@@ -189,9 +189,10 @@ class Message:
     job_id: bytes = b""
     header: dict[str, Any] = field(default_factory=dict)
     arrays: list[Frame] = field(default_factory=list)
-    # The header as it came packed, when it is passed on as it came (a worker's answer to
-    # its client: unpack_results): encode sends these bytes rather than packing it again.
-    # Whoever sets it never changes ``header`` afterwards.
+    # The header packed, when it is at hand already: as it came, when it is passed on as it
+    # came (a worker's answer to its client: unpack_results), or packed once for many
+    # answers (worker/uniform.py); encode and pack_results send these bytes rather than
+    # packing it again. Whoever sets it never changes ``header`` afterwards.
     packed: bytes | None = field(default=None, compare=False, repr=False)
 
 
@@ -623,11 +624,12 @@ def pack_results(replies: Sequence[Message], leaving: bool = False) -> Message:
 
     Each header travels packed, as the client will get it: the supervisor passes it on
     without unpacking and packing it again per job (2.7 -> ~1 µs a reply, warm), and the
-    header a batch's jobs share (worker/uniform.py) is packed once."""
+    header a batch's jobs share is packed once (a reply that carries its header packed
+    already, as worker/uniform.py's do, is sent as it is)."""
     packed: dict[int, bytes] = {}  # by id(): every header here is alive until we return
     entries = []
     for r in replies:
-        own = packed.get(id(r.header))
+        own = r.packed if r.packed is not None else packed.get(id(r.header))
         if own is None:
             own = packed[id(r.header)] = msgpack.packb(r.header, use_bin_type=True)
         entries.append({"id": r.job_id, "kind": r.kind, "header": own,
