@@ -98,3 +98,31 @@ def test_hops_and_peers_smoke(tmp_path: Path) -> None:
     ran = peers.run(1.0, 1, ["tfsupervisor"], tmp_path, warmup=0.5)
     assert ran["servers"]["tfsupervisor"]["failures"] == 0
     assert ran["servers"]["tfsupervisor"]["req_s_mean"] > 0
+
+
+def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
+    """Three jobs 1,000 µs apart, every hop 10 µs after the last (ns on the wire); the second
+    job's worker never sends before the next job starts, so it is left out."""
+    from bench.timeline import SEGMENTS, segments
+
+    client, middle, worker = [("W", 0, 500)], [], []
+    for job in range(3):
+        t = 1_000_000 * (job + 1)
+        client += [("S", t, t + 10_000), ("W", t, t + 80_000)]
+        middle += [("W", t, t + 20_000), ("S", t, t + 30_000),
+                   ("W", t, t + 60_000), ("S", t, t + 70_000)]
+        worker += [("W", t, t + 40_000)] + ([] if job == 1 else [("S", t, t + 50_000)])
+    found = segments(client, middle, worker)
+    assert len(found["total"]) == 1  # the first job; the second broken, the third has no next
+    assert [found[name][0] for name in SEGMENTS] == [
+        999.5, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
+    assert found["total"] == [1000.0]
+
+
+def test_timeline_smoke(tmp_path: Path) -> None:
+    from bench import timeline
+
+    timeline.run(100, 1, tmp_path)
+    result = _written(tmp_path, "timeline")
+    lined_up = result["jobs_lined_up"]
+    assert isinstance(lined_up, dict) and all(count > 0 for count in lined_up.values())
