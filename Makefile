@@ -43,6 +43,7 @@ unit: $(STAMP)
 # docs/performance.md. `make bench BENCH_ARGS=--quick` for a fast pass.
 bench: $(STAMP)
 	$(PY) -m bench.roundtrip $(BENCH_ARGS)
+	$(PY) -m bench.timeline $(BENCH_ARGS)
 	$(PY) -m bench.throughput $(BENCH_ARGS)
 	$(PY) -m bench.mlp $(BENCH_ARGS)
 	$(PY) -m bench.leak_bound $(BENCH_ARGS)

@@ -553,12 +553,31 @@ def rounds_restarting(peers: list[Peer], model: Path, workdir: Path, rounds: int
     for r in range(rounds):
         for peer in peers:
             print(f"round {r + 1}/{rounds}: {peer.name}", flush=True)
+            busy = settle()
             try:
                 with started(peer, model, workdir) as running:
-                    results[peer.name].append(measure(running, seconds, warmup, []))
+                    results[peer.name].append({**measure(running, seconds, warmup, []),
+                                               "machine_busy_before_pct": busy})
             except Exception as exc:
                 results[peer.name].append(failed(exc))
     return results
+
+
+# The machine counts as settled once its CPU use over half a second is below this; a server
+# that was just stopped (LitServe's and Ray's process trees take seconds to go) must not
+# share the cores with the next one's round.
+SETTLED_PCT = 15.0
+SETTLE_MAX_S = 30.0
+
+
+def settle() -> float:
+    """Wait (at most SETTLE_MAX_S) until the whole machine is nearly idle; its CPU use over
+    the last half second, in percent of all cores, is returned and kept with the round."""
+    deadline = time.monotonic() + SETTLE_MAX_S
+    while (busy := psutil.cpu_percent(interval=0.5)) > SETTLED_PCT and \
+            time.monotonic() < deadline:
+        pass
+    return busy
 
 
 def rounds_resident(peers: list[Peer], model: Path, workdir: Path, rounds: int,
@@ -661,6 +680,12 @@ def report(results: dict[str, Any], out: Path | None) -> Path:
     if others:
         notes += (f" Idle resident servers used up to {max(others)} % of one core during "
                   "another's window.")
+    busy = [r["machine_busy_before_pct"] for rows in results["rounds"].values() for r in rows
+            if r.get("machine_busy_before_pct") is not None]
+    if busy:
+        notes += (f" Each server was started once the machine was idle (below {SETTLED_PCT:g} "
+                  f"% CPU over half a second, waited up to {SETTLE_MAX_S:g} s): at most "
+                  f"{max(busy)} % at the start of a round.")
     return write("peers", results, table, out, notes)
 
 
