@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+
+from supervisor.testing import short_tmpdir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -56,3 +61,14 @@ def write(name: str, result: dict[str, Any], table: list[list[Any]], out: Path |
         lines += ["", notes]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     return out / f"{name}.json"
+
+
+@contextmanager
+def scratch() -> Iterator[Path]:
+    """A short directory under /tmp (an ipc socket's path must stay under 107 bytes), removed
+    afterwards with whatever the run left there (sockets, a supervisor's config and log)."""
+    path = short_tmpdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

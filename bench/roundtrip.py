@@ -27,10 +27,10 @@ import numpy as np
 import psutil
 import zmq
 
-from bench.common import cpu, percentiles, write
+from bench.common import cpu, percentiles, scratch, write
 from supervisor.client.client import Client, request_message
 from supervisor.shared.protocol import encode
-from supervisor.testing import short_tmpdir, start_supervisor
+from supervisor.testing import start_supervisor
 
 ECHO_SERVER = """
 import sys, zmq
@@ -102,98 +102,101 @@ def warmed_dealer(endpoint: str) -> tuple[zmq.Socket[bytes], list[Any]]:
 def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
     """Latencies of a request's frames through the bare broker and back, and CPU per job of
     the broker and its worker."""
-    tmp = short_tmpdir()
-    front, back = f"ipc://{tmp}/front.sock", f"ipc://{tmp}/back.sock"
-    broker = subprocess.Popen([sys.executable, "-c", BROKER, front, back])
-    worker = subprocess.Popen([sys.executable, "-c", BROKER_WORKER, back])
-    try:
-        sock, frames = warmed_dealer(front)
-        procs = psutil.Process(broker.pid), psutil.Process(worker.pid)
-        before = [cpu(p) for p in procs]
-        latencies = []
-        for _ in range(jobs):
-            start = time.perf_counter()
-            sock.send_multipart(frames)
-            sock.recv_multipart()
-            latencies.append(time.perf_counter() - start)
-        spent = {"broker_us": (cpu(procs[0]) - before[0]) / jobs * 1e6,
-                 "worker_us": (cpu(procs[1]) - before[1]) / jobs * 1e6}
-        sock.close()
-        return latencies, spent
-    finally:
-        for proc in (broker, worker):
-            proc.kill()
-            proc.wait()
+    with scratch() as tmp:
+        front, back = f"ipc://{tmp}/front.sock", f"ipc://{tmp}/back.sock"
+        broker = subprocess.Popen([sys.executable, "-c", BROKER, front, back])
+        worker = subprocess.Popen([sys.executable, "-c", BROKER_WORKER, back])
+        try:
+            sock, frames = warmed_dealer(front)
+            procs = psutil.Process(broker.pid), psutil.Process(worker.pid)
+            before = [cpu(p) for p in procs]
+            latencies = []
+            for _ in range(jobs):
+                start = time.perf_counter()
+                sock.send_multipart(frames)
+                sock.recv_multipart()
+                latencies.append(time.perf_counter() - start)
+            spent = {"broker_us": (cpu(procs[0]) - before[0]) / jobs * 1e6,
+                     "worker_us": (cpu(procs[1]) - before[1]) / jobs * 1e6}
+            sock.close()
+            return latencies, spent
+        finally:
+            for proc in (broker, worker):
+                proc.kill()
+                proc.wait()
 
 
 def raw_echo(jobs: int) -> list[float]:
-    endpoint = f"ipc://{short_tmpdir()}/echo.sock"
-    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, endpoint])
-    try:
-        sock = zmq.Context.instance().socket(zmq.REQ)
-        sock.connect(endpoint)
-        payload = np.ones((1, 4), np.float32).tobytes()
-        frames = [b"TFS1", b"infer", b"0123456789abcdef", b"\x80", payload]
-        for _ in range(200):  # warm up
-            sock.send_multipart(frames)
-            sock.recv_multipart()
-        latencies = []
-        for _ in range(jobs):
-            start = time.perf_counter()
-            sock.send_multipart(frames)
-            sock.recv_multipart()
-            latencies.append(time.perf_counter() - start)
-        sock.close()
-        return latencies
-    finally:
-        server.kill()
-        server.wait()
+    with scratch() as tmp:
+        endpoint = f"ipc://{tmp}/echo.sock"
+        server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, endpoint])
+        try:
+            sock = zmq.Context.instance().socket(zmq.REQ)
+            sock.connect(endpoint)
+            payload = np.ones((1, 4), np.float32).tobytes()
+            frames = [b"TFS1", b"infer", b"0123456789abcdef", b"\x80", payload]
+            for _ in range(200):  # warm up
+                sock.send_multipart(frames)
+                sock.recv_multipart()
+            latencies = []
+            for _ in range(jobs):
+                start = time.perf_counter()
+                sock.send_multipart(frames)
+                sock.recv_multipart()
+                latencies.append(time.perf_counter() - start)
+            sock.close()
+            return latencies
+        finally:
+            server.kill()
+            server.wait()
 
 
 def bare_dealer(jobs: int) -> dict[str, float]:
     """Client and server CPU per call of a bare DEALER send+recv of a request's frames."""
-    endpoint = f"ipc://{short_tmpdir()}/echo.sock"
-    server = subprocess.Popen([sys.executable, "-c", ROUTER_ECHO, endpoint])
-    try:
-        sock, frames = warmed_dealer(endpoint)
-        peer = psutil.Process(server.pid)
-        mine, theirs = time.process_time(), cpu(peer)
-        for _ in range(jobs):
-            sock.send_multipart(frames)
-            sock.recv_multipart()
-        out = {"client_us": (time.process_time() - mine) / jobs * 1e6,
-               "server_us": (cpu(peer) - theirs) / jobs * 1e6}
-        sock.close()
-        return out
-    finally:
-        server.kill()
-        server.wait()
+    with scratch() as tmp:
+        endpoint = f"ipc://{tmp}/echo.sock"
+        server = subprocess.Popen([sys.executable, "-c", ROUTER_ECHO, endpoint])
+        try:
+            sock, frames = warmed_dealer(endpoint)
+            peer = psutil.Process(server.pid)
+            mine, theirs = time.process_time(), cpu(peer)
+            for _ in range(jobs):
+                sock.send_multipart(frames)
+                sock.recv_multipart()
+            out = {"client_us": (time.process_time() - mine) / jobs * 1e6,
+                   "server_us": (cpu(peer) - theirs) / jobs * 1e6}
+            sock.close()
+            return out
+        finally:
+            server.kill()
+            server.wait()
 
 
 def supervised(jobs: int) -> tuple[list[float], dict[str, float]]:
     """Latencies through the supervisor, and CPU per job of client, supervisor and worker."""
-    sup = start_supervisor({"models": {"echo": {"handler": "worker.handlers:echo",
-                                                "workers": 1}}})
-    try:
-        sup.wait_ready()
-        x = {"x": np.ones((1, 4), np.float32)}
-        with Client(sup.endpoint, timeout=10) as client:
-            for _ in range(200):
-                client.infer("echo", x)
-            daemon = psutil.Process(sup.process.pid)
-            [worker] = daemon.children()
-            latencies = []
-            mine, theirs, its = time.process_time(), cpu(daemon), cpu(worker)
-            for _ in range(jobs):
-                start = time.perf_counter()
-                client.infer("echo", x)
-                latencies.append(time.perf_counter() - start)
-            spent = {"client_us": (time.process_time() - mine) / jobs * 1e6,
-                     "supervisor_us": (cpu(daemon) - theirs) / jobs * 1e6,
-                     "worker_us": (cpu(worker) - its) / jobs * 1e6}
-        return latencies, spent
-    finally:
-        sup.stop()
+    with scratch() as tmp:
+        sup = start_supervisor({"models": {"echo": {"handler": "worker.handlers:echo",
+                                                    "workers": 1}}}, tmp)
+        try:
+            sup.wait_ready()
+            x = {"x": np.ones((1, 4), np.float32)}
+            with Client(sup.endpoint, timeout=10) as client:
+                for _ in range(200):
+                    client.infer("echo", x)
+                daemon = psutil.Process(sup.process.pid)
+                [worker] = daemon.children()
+                latencies = []
+                mine, theirs, its = time.process_time(), cpu(daemon), cpu(worker)
+                for _ in range(jobs):
+                    start = time.perf_counter()
+                    client.infer("echo", x)
+                    latencies.append(time.perf_counter() - start)
+                spent = {"client_us": (time.process_time() - mine) / jobs * 1e6,
+                         "supervisor_us": (cpu(daemon) - theirs) / jobs * 1e6,
+                         "worker_us": (cpu(worker) - its) / jobs * 1e6}
+            return latencies, spent
+        finally:
+            sup.stop()
 
 
 def run(jobs: int, out: Path | None = None) -> dict[str, Any]:

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,13 +115,20 @@ def measure(path: str, jobs: int) -> dict[str, list[float]]:
     """One run of ``path`` (bare_broker or tfsupervisor) in a child process whose every
     process notes its events; the jobs' segments."""
     with tempfile.TemporaryDirectory(prefix="tfs-timeline-") as tmp:
+        paths = [str(SITE), str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
         env = {**os.environ, "TFS_TIMELINE_OUT": tmp,
-               "PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT),
-                                              os.environ.get("PYTHONPATH", "")])}
+               "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        # Its own session: a run that hangs is taken down whole, its servers with it.
         child = subprocess.Popen([sys.executable, "-m", "bench.timeline", "--run", path,
-                                  "--jobs", str(jobs)], env=env, cwd=ROOT)
-        if child.wait(timeout=600) != 0:
-            raise RuntimeError(f"the {path} run failed (exit {child.returncode})")
+                                  "--jobs", str(jobs)], env=env, cwd=ROOT,
+                                 start_new_session=True)
+        try:
+            code = child.wait(timeout=600)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        if code != 0:
+            raise RuntimeError(f"the {path} run failed (exit {code})")
         dumps = [_read(p) for p in Path(tmp).glob("*.json")]
     try:
         found = segments(*roles(dumps, child.pid))

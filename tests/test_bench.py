@@ -125,7 +125,9 @@ def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
 def test_timeline_smoke(tmp_path: Path) -> None:
     from bench import timeline
 
+    before = set(Path("/tmp").glob("tfs-*"))
     timeline.run(100, 1, tmp_path)
+    assert set(Path("/tmp").glob("tfs-*")) == before  # sockets, logs, notes: all removed
     result = _written(tmp_path, "timeline")
     lined_up = result["jobs_lined_up"]
     assert isinstance(lined_up, dict) and all(count > 0 for count in lined_up.values())

@@ -109,8 +109,8 @@ class Layout:
     rows: int
 
 
-# Distinct specs a runner remembers: a client sends the same specs on every call of the same
-# shapes; past this many (a model with free dimensions, say), the rest are worked out per batch.
+# Distinct specs a runner remembers, the oldest dropped first: a client sends the same specs
+# on every call of the same shapes; a model with free dimensions may see more.
 LAYOUTS_MAX = 256
 
 
@@ -124,9 +124,9 @@ def _layout(runner: Runner, specs: list[dict[str, Any]]) -> Layout | None:
     known = runner.layouts
     if key in known:
         return known[key]  # type: ignore[no-any-return]
-    layout = _work_out(runner, specs)
-    if len(known) < LAYOUTS_MAX:
-        known[key] = layout
+    layout = known[key] = _work_out(runner, specs)
+    if len(known) > LAYOUTS_MAX:  # the oldest goes: a flood of odd shapes passes through
+        del known[next(iter(known))]
     return layout
 
 
@@ -208,8 +208,8 @@ class Form:
     outputs: tuple[tuple[np.dtype[Any], int], ...]
 
 
-# Distinct output layouts remembered: a model answers every batch alike; one with outputs
-# of free dimensions has its forms past this many worked out per batch.
+# Distinct output layouts remembered, the oldest dropped first: a model answers every batch
+# alike; one with outputs of free dimensions may make more.
 FORMS_MAX = 256
 _FORMS: dict[tuple[Any, ...], Form] = {}
 
@@ -233,7 +233,7 @@ def _form(outputs: Arrays, each: int) -> Form | None:
         specs.append({"name": name, "dtype": wire_dtype(value), "shape": [each, *tail]})
         layout.append((dtype, dtype.itemsize * math.prod(tail) * each))
     header = {"outputs": specs}
-    form = Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))
-    if len(_FORMS) < FORMS_MAX:
-        _FORMS[key] = form
+    form = _FORMS[key] = Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))
+    if len(_FORMS) > FORMS_MAX:  # the oldest goes, as for layouts
+        del _FORMS[next(iter(_FORMS))]
     return form

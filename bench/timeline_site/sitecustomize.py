@@ -7,7 +7,8 @@ machine:
 
 - ``W`` (start, end): a wait that came back with a message: ``zmq_poll`` or a ``Poller.poll``
   with a timeout that found something ready, a blocking ``recv_multipart``;
-- ``S`` (start, end): a message sent: ``send_multipart`` or the project's ``transport.send``.
+- ``S`` (start, end): a message sent by the main thread: ``send_multipart`` or the project's
+  ``transport.send`` (a worker's heartbeats go from a thread of their own).
 
 About 0.5 µs an event, a few events a job. Each process writes TFS_TIMELINE_OUT/PID.json (who
 it is) and PID.bin (its events, as they happen). Without TFS_TIMELINE_OUT nothing is patched.
@@ -19,6 +20,7 @@ import json
 import mmap
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -66,10 +68,13 @@ def _patch() -> None:
     zmq.sugar.poll.zmq_poll = zmq_poll  # type: ignore[attr-defined,assignment]  # Poller.poll
     send_multipart, recv_multipart = zmq.Socket.send_multipart, zmq.Socket.recv_multipart
 
+    main = threading.main_thread().ident
+
     def timed_send(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = clock()
         sent = send_multipart(self, *args, **kwargs)
-        _note("S", start, clock())
+        if threading.get_ident() == main:  # not the worker's heartbeat thread
+            _note("S", start, clock())
         return sent
 
     def timed_recv(self: Any, flags: int = 0, *args: Any, **kwargs: Any) -> Any:
@@ -87,7 +92,8 @@ def _patch() -> None:
     def transport_send(sock: Any, frames: Any, flags: int = 0) -> None:
         start = clock()
         send(sock, frames, flags)
-        _note("S", start, clock())
+        if threading.get_ident() == main:
+            _note("S", start, clock())
 
     transport.send = transport_send
 
