@@ -3,7 +3,7 @@ tfsupervisor beside the bare broker, in the same run.
 
 bench/roundtrip.py gives the round trip and each process's CPU; this gives the timeline. Each
 process of a run notes on the monotonic clock when it woke with a message and when it had
-sent one (bench/timeline_site/sitecustomize.py, ~0.3 µs an event), and the sequential jobs
+sent one (bench/timeline_site/sitecustomize.py, ~1 µs an event), and the sequential jobs
 line up into segments (p50 over the jobs, µs):
 
 - client: from its wake with a reply to the start of its next send (reading the reply,
