@@ -99,6 +99,17 @@ def warmed_dealer(endpoint: str) -> tuple[zmq.Socket[bytes], list[Any]]:
     return sock, frames
 
 
+def sequential(sock: zmq.Socket[bytes], frames: list[Any], jobs: int) -> list[float]:
+    """Each of ``jobs`` round trips of ``frames`` on a bare socket, one after another."""
+    latencies = []
+    for _ in range(jobs):
+        start = time.perf_counter()
+        sock.send_multipart(frames)
+        sock.recv_multipart()
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
 def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
     """Latencies of a request's frames through the bare broker and back, and CPU per job of
     the broker and its worker."""
@@ -110,12 +121,7 @@ def bare_broker(jobs: int) -> tuple[list[float], dict[str, float]]:
             sock, frames = warmed_dealer(front)
             procs = psutil.Process(broker.pid), psutil.Process(worker.pid)
             before = [cpu(p) for p in procs]
-            latencies = []
-            for _ in range(jobs):
-                start = time.perf_counter()
-                sock.send_multipart(frames)
-                sock.recv_multipart()
-                latencies.append(time.perf_counter() - start)
+            latencies = sequential(sock, frames, jobs)
             spent = {"broker_us": (cpu(procs[0]) - before[0]) / jobs * 1e6,
                      "worker_us": (cpu(procs[1]) - before[1]) / jobs * 1e6}
             sock.close()
@@ -135,15 +141,8 @@ def raw_echo(jobs: int) -> list[float]:
             sock.connect(endpoint)
             payload = np.ones((1, 4), np.float32).tobytes()
             frames = [b"TFS1", b"infer", b"0123456789abcdef", b"\x80", payload]
-            for _ in range(200):  # warm up
-                sock.send_multipart(frames)
-                sock.recv_multipart()
-            latencies = []
-            for _ in range(jobs):
-                start = time.perf_counter()
-                sock.send_multipart(frames)
-                sock.recv_multipart()
-                latencies.append(time.perf_counter() - start)
+            sequential(sock, frames, 200)  # warm up
+            latencies = sequential(sock, frames, jobs)
             sock.close()
             return latencies
         finally:

@@ -4,14 +4,17 @@ tfsupervisor beside the bare broker, in the same run.
 bench/roundtrip.py gives the round trip and each process's CPU; this gives the timeline. Each
 process of a run notes on the monotonic clock when it woke with a message and when it had
 sent one (bench/timeline_site/sitecustomize.py, ~1 µs an event), and the sequential jobs
-line up into segments (p50 over the jobs, µs):
+line up into segments that add up to the job (p50 over the jobs, µs):
 
-- client: from its wake with a reply to the start of its next send (reading the reply,
-  making the next request), then the send itself;
-- transit: from a send's end to the receiving process's wake (ZeroMQ's I/O threads on both
-  sides, the kernel, the scheduler);
-- the middle's turns (supervisor or broker: from its wake to the end of its send), one for
-  the request and one for the answer; the worker's turn between them.
+- hops: from the sender's call to send to the receiving process awake with the message
+  (the send call, which wakes ZeroMQ's I/O thread, the kernel, the receiver's I/O thread,
+  the scheduler); the receiver may wake before the sender's call returns;
+- the middle's turns (supervisor or broker: from its wake to its call to send), one for the
+  request and one for the answer; the worker's turn between them;
+- the client: from its wake with the reply to its next send (reading the reply, making the
+  next request).
+
+Each process's send calls are timed too (within their hops, not added to the total).
 
 Same paths as bench/roundtrip.py: the project's Client -> supervisor -> echo worker and back,
 against a bare DEALER -> zguide's load-balancing broker -> a bare echo worker, rounds
@@ -45,9 +48,14 @@ SITE = Path(__file__).resolve().parent / "timeline_site"
 PATHS = {"bare_broker": "bare broker (bare DEALER, zguide lbbroker, bare echo worker)",
          "tfsupervisor": "tfsupervisor (Client, supervisor, echo worker)"}
 KINDS = {"W": 1, "S": 2}  # as bench/timeline_site/sitecustomize.py writes them
-SEGMENTS = ["client: read reply, make request", "client: send", "transit client -> middle",
-            "middle: request turn", "transit middle -> worker", "worker: turn",
-            "transit worker -> middle", "middle: answer turn", "transit middle -> client"]
+# A hop: from the sender's call to send to the receiver awake with the message (the send call,
+# which wakes ZeroMQ's I/O thread, the kernel, the receiver's I/O thread and its wake). The
+# receiver may wake before the sender's call returns, so a hop starts at the call.
+SEGMENTS = ["hop client -> middle", "middle: request turn", "hop middle -> worker",
+            "worker: turn", "hop worker -> middle", "middle: answer turn",
+            "hop middle -> client", "client: read reply, make next request"]
+# How long each process's send calls took (within its hop above, not added to the total).
+SENDS = ["client: send call", "middle: send call", "worker: send call"]
 # The jobs read, counted from the end (the first ones warm up).
 KEPT = 0.8
 
@@ -61,42 +69,35 @@ def _after(times: list[int], t: int) -> int | None:
 
 def segments(client: Sequence[Event], middle: Sequence[Event],
              worker: Sequence[Event]) -> dict[str, list[float]]:
-    """Each job's segments in µs, from three processes' events. A job is a client send; each
-    next step is the first event of its kind after the previous one; a job whose steps do
-    not all fall before the client's next send (a heartbeat or housekeeping in between, the
-    first and last jobs) is left out."""
+    """Each job's segments in µs, from three processes' events; they add up to its total (a
+    client send's start to the next one's). Each next step is the first event of its kind
+    after the previous one: a wake (its end), a send (its start). A job whose steps do not
+    all fall before the client's next send (a heartbeat or housekeeping in between, the last
+    job) is left out."""
     def wakes(events: Sequence[Event]) -> list[int]:
         return sorted(end for kind, _, end in events if kind == "W")
 
-    def sent(events: Sequence[Event]) -> list[int]:
-        return sorted(end for kind, _, end in events if kind == "S")
+    def sends(events: Sequence[Event]) -> list[int]:
+        return sorted(start for kind, start, _ in events if kind == "S")
 
-    sends = sorted((start, end) for kind, start, end in client if kind == "S")
-    c_wake, m_wake, m_sent = wakes(client), wakes(middle), sent(middle)
-    w_wake, w_sent = wakes(worker), sent(worker)
+    c_send, c_wake = sends(client), wakes(client)
+    m_wake, m_send, w_wake, w_send = wakes(middle), sends(middle), wakes(worker), sends(worker)
     out: dict[str, list[float]] = {name: [] for name in [*SEGMENTS, "total"]}
-    for (start, end), (next_start, _) in itertools.pairwise(sends):
-        steps = [end]
-        for times in (m_wake, m_sent, w_wake, w_sent, m_wake, m_sent, c_wake):
+    for start, next_start in itertools.pairwise(c_send):
+        steps = [start]
+        for times in (m_wake, m_send, w_wake, w_send, m_wake, m_send, c_wake):
             step = _after(times, steps[-1])
             if step is None or step > next_start:
                 break
             steps.append(step)
         else:
-            previous_wake = _before(c_wake, start)
-            if previous_wake is None:
-                continue
-            spans = [start - previous_wake, end - start,
-                     *[b - a for a, b in itertools.pairwise(steps)]]
+            spans = [b - a for a, b in itertools.pairwise([*steps, next_start])]
             for name, span in zip([*SEGMENTS, "total"], [*spans, next_start - start],
                                   strict=True):
                 out[name].append(span / 1000)
+    for name, events in zip(SENDS, (client, middle, worker), strict=True):
+        out[name] = [(end - begin) / 1000 for kind, begin, end in events if kind == "S"]
     return out
-
-
-def _before(times: list[int], t: int) -> int | None:
-    i = bisect.bisect_left(times, t)
-    return times[i - 1] if i else None
 
 
 def roles(dumps: list[dict[str, Any]], client_pid: int) -> tuple[list[Event], ...]:
@@ -134,8 +135,7 @@ def measure(path: str, jobs: int) -> dict[str, list[float]]:
         found = segments(*roles(dumps, child.pid))
     except RuntimeError as exc:
         raise RuntimeError(f"the {path} run: {exc}") from None
-    keep = int(len(found["total"]) * KEPT)
-    return {name: spans[-keep:] for name, spans in found.items()}
+    return {name: spans[len(spans) - int(len(spans) * KEPT):] for name, spans in found.items()}
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -167,14 +167,16 @@ def run(jobs: int, rounds: int, out: Path | None = None) -> dict[str, Any]:
     result = {"jobs": jobs, "rounds": rounds, "p50_us": p50,
               "jobs_lined_up": {path: len(found["total"]) for path, found in spans.items()}}
     table: list[list[Any]] = [["segment (p50, µs)", *PATHS.values(), "difference"]]
-    for name in [*SEGMENTS, "total"]:
+    for name in [*SEGMENTS, "total", *SENDS]:
         bare, ours = p50["bare_broker"][name], p50["tfsupervisor"][name]
         gap = round(ours - bare, 1) if ours is not None and bare is not None else ""
         table.append([name, bare, ours, gap])
     write("timeline", result, table, out,
           f"{jobs} sequential jobs a run, {rounds} rounds alternating; the last "
-          f"{int(KEPT * 100)} % of each run's jobs. Segments are medians taken one by one, so "
-          "they need not add up to the median total.")
+          f"{int(KEPT * 100)} % of each run's jobs. A hop runs from the sender's call to send "
+          "to the receiver awake with the message; the send calls' own durations, below the "
+          "total, lie within their hops. Segments are medians taken one by one, so they need "
+          "not add up to the median total.")
     return result
 
 

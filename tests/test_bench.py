@@ -104,22 +104,26 @@ def test_hops_and_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
-    """Three jobs 1,000 µs apart, every hop 10 µs after the last (ns on the wire); the second
+    """Three jobs 1,000 µs apart, each step 10 µs after the last (ns on the wire), every
+    receiver awake before its sender's call to send returns (as under load); the second
     job's worker never sends before the next job starts, so it is left out."""
-    from bench.timeline import SEGMENTS, segments
+    from bench.timeline import SEGMENTS, SENDS, segments
 
-    client, middle, worker = [("W", 0, 500)], [], []
+    client: list[tuple[str, int, int]] = []
+    middle: list[tuple[str, int, int]] = []
+    worker: list[tuple[str, int, int]] = []
     for job in range(3):
         t = 1_000_000 * (job + 1)
-        client += [("S", t, t + 10_000), ("W", t, t + 80_000)]
-        middle += [("W", t, t + 20_000), ("S", t, t + 30_000),
-                   ("W", t, t + 60_000), ("S", t, t + 70_000)]
-        worker += [("W", t, t + 40_000)] + ([] if job == 1 else [("S", t, t + 50_000)])
+        client += [("S", t, t + 25_000), ("W", t, t + 70_000)]
+        middle += [("W", t, t + 10_000), ("S", t + 20_000, t + 35_000),
+                   ("W", t, t + 50_000), ("S", t + 60_000, t + 75_000)]
+        worker += [("W", t, t + 30_000)] + ([] if job == 1 else [("S", t + 40_000,
+                                                                 t + 55_000)])
     found = segments(client, middle, worker)
     assert len(found["total"]) == 1  # the first job; the second broken, the third has no next
-    assert [found[name][0] for name in SEGMENTS] == [
-        999.5, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
-    assert found["total"] == [1000.0]
+    spans = [found[name][0] for name in SEGMENTS]
+    assert spans == [10.0] * 7 + [930.0] and sum(spans) == found["total"][0] == 1000.0
+    assert [sorted(set(found[name])) for name in SENDS] == [[25.0], [15.0], [15.0]]
 
 
 def test_timeline_smoke(tmp_path: Path) -> None:
