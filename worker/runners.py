@@ -11,16 +11,13 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from supervisor.shared.padding import PadDim, generated_inputs
 from supervisor.shared.protocol import DTYPES, TensorSpec
 from worker.direct_call import direct_call
-
-if TYPE_CHECKING:
-    from worker.uniform import Layout
 
 Arrays = dict[str, np.ndarray]
 
@@ -42,8 +39,8 @@ class Runner:
     direct: Callable[[Arrays], Mapping[str, Any]] | None = None
     # Uniform batches' layouts by their specs (worker/uniform.py), worked out against this
     # runner's inputs and padding, which are set at load and never change after a call.
-    layouts: dict[tuple[Any, ...], Layout | None] = field(default_factory=dict, init=False,
-                                                          repr=False, compare=False)
+    layouts: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False,
+                                                repr=False, compare=False)
 
     @property
     def client_inputs(self) -> list[TensorSpec] | None:

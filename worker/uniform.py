@@ -123,7 +123,7 @@ def _layout(runner: Runner, specs: list[dict[str, Any]]) -> Layout | None:
         return None
     known = runner.layouts
     if key in known:
-        return known[key]
+        return known[key]  # type: ignore[no-any-return]
     layout = known[key] = _work_out(runner, specs)
     if len(known) > LAYOUTS_MAX:  # the oldest goes: a flood of odd shapes passes through
         del known[next(iter(known))]
