@@ -121,9 +121,10 @@ def _layout(runner: Runner, specs: list[dict[str, Any]]) -> Layout | None:
     key = specs_key(specs)
     if key is None:  # not plain values: the general path reads (and refuses) them
         return None
-    known = runner.layouts
+    known = runner.layouts  # typed loosely there: runners cannot import this module
     if key in known:
-        return known[key]  # type: ignore[no-any-return]
+        remembered: Layout | None = known[key]
+        return remembered
     layout = known[key] = _work_out(runner, specs)
     if len(known) > LAYOUTS_MAX:  # the oldest goes: a flood of odd shapes passes through
         del known[next(iter(known))]
