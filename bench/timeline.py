@@ -47,7 +47,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SITE = Path(__file__).resolve().parent / "timeline_site"
 PATHS = {"bare_broker": "bare broker (bare DEALER, zguide lbbroker, bare echo worker)",
          "tfsupervisor": "tfsupervisor (Client, supervisor, echo worker)"}
-KINDS = {"W": 1, "S": 2}  # as bench/timeline_site/sitecustomize.py writes them
 # A hop: from the sender's call to send to the receiver awake with the message (the send call,
 # which wakes ZeroMQ's I/O thread, the kernel, the receiver's I/O thread and its wake). The
 # receiver may wake before the sender's call returns, so a hop starts at the call.
@@ -142,8 +141,7 @@ def _read(path: Path) -> dict[str, Any]:
     """A process's notes (bench/timeline_site): who it is, and its events."""
     found: dict[str, Any] = json.loads(path.read_text())
     slots = array("q", path.with_suffix(".bin").read_bytes())
-    kinds = {code: kind for kind, code in KINDS.items()}
-    found["events"] = [(kinds[slots[at]], slots[at + 1], slots[at + 2])
+    found["events"] = [(chr(slots[at]), slots[at + 1], slots[at + 2])
                        for at in range(1, 1 + 3 * slots[0], 3)]
     return found
 

@@ -229,9 +229,10 @@ def _form(outputs: Arrays, each: int) -> Form | None:
     specs: list[dict[str, Any]] = []
     layout = []
     for name, value in outputs.items():
-        dtype = _little_endian(wire_dtype(value))
+        wire = wire_dtype(value)
+        dtype = _little_endian(wire)
         tail = list(value.shape[1:])
-        specs.append({"name": name, "dtype": wire_dtype(value), "shape": [each, *tail]})
+        specs.append({"name": name, "dtype": wire, "shape": [each, *tail]})
         layout.append((dtype, dtype.itemsize * math.prod(tail) * each))
     header = {"outputs": specs}
     form = _FORMS[key] = Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))

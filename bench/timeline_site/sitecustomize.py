@@ -27,13 +27,13 @@ from typing import Any
 
 OUT = os.environ.get("TFS_TIMELINE_OUT")
 CAPACITY = 1 << 20  # events a process keeps; past this many, the rest are not noted
-KINDS = {"W": 1, "S": 2}
 
 
 def _open() -> memoryview:
     """Events go to a file mapped into memory: the kernel keeps what was written even when
     the process is killed (the bare broker's scripts end by SIGKILL, or ignore SIGTERM while
-    ZeroMQ's I/O thread takes it). Slot 0 holds the count; then (kind, start, end) each."""
+    ZeroMQ's I/O thread takes it). Slot 0 holds the count; then each event's kind (its
+    character's code), start and end."""
     base = f"{OUT}/{os.getpid()}"
     with open(base + ".json", "w") as file:
         json.dump({"pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv[1:]}, file)
@@ -46,7 +46,7 @@ def _note(kind: str, start: int, end: int) -> None:
     count = SLOTS[0]
     if count < CAPACITY:
         at = 1 + 3 * count
-        SLOTS[at], SLOTS[at + 1], SLOTS[at + 2] = KINDS[kind], start, end
+        SLOTS[at], SLOTS[at + 1], SLOTS[at + 2] = ord(kind), start, end
         SLOTS[0] = count + 1
 
 
