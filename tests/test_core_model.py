@@ -17,7 +17,11 @@ every step:
   ``kill_memory`` is left unkilled;
 - every worker has a slot below its model's worker count, no two current workers share
   one, and the metrics have at most two per-worker series per slot (however many recycles);
-- a SIGKILL the core did not ask for is counted as ``killed_externally``.
+- a SIGKILL the core did not ask for is counted as ``killed_externally``, or ``oom_killed``
+  when the container's OOM-kill counter rose with it;
+- under a container memory limit, no replacement is spawned beside the worker it replaces
+  unless the working set last read, plus a warm worker of its model and the kill buffer,
+  fits under the limit.
 
 At the end the world turns healthy; every request must then be answered exactly once,
 without a shutdown to sweep up what was stranded, and shutdown must finish.
@@ -40,6 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor.config.keys import Config
 from supervisor.config.loading import parse_config
 from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.core.budget import CgroupMemory
 from supervisor.core.core import Core
 from supervisor.core.history import LIFE_POINTS, Reading
 from supervisor.core.pool import State
@@ -231,7 +236,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.spawn_fails = False
         self.config_name = "start"
         self.sent_to: dict[int, int] = {}  # job id -> workers it was sent to, as seen here
+        self.limit: int | None = None  # the container's memory limit (None: no cgroup limit)
+        self.oom_kills = 0  # the container's kernel OOM-kill counter
         self.deaf = 0.0  # seconds the supervisor's loop stalled, in all (the stall rule)
+        self.container(poll=False)  # the daemon reads its cgroup as it starts
         self.perform()
 
     # --- the world performing the core's actions -----------------------------------------
@@ -251,6 +259,7 @@ class CoreMachine(RuleBasedStateMachine):
             self.check_batch(action)
             self.world[action.worker_id].batches.append(action)
         elif isinstance(action, Spawn):
+            self.check_room(action.model)
             if self.spawn_fails:
                 self.core.exited(action.worker_id, WorkerExit.SPAWN_FAILED, self.now)
                 return
@@ -275,6 +284,30 @@ class CoreMachine(RuleBasedStateMachine):
             readings = {w: Reading(self.world[w].memory) for w in action.worker_ids
                         if w in self.world and self.world[w].alive}
             self.core.samples(self.now, readings, poll=False)
+
+    def check_room(self, model: str) -> None:
+        """A replacement beside the worker it replaces only when it fits: the working set
+        last read + a warm worker of the model (its workers' largest baseline, else
+        max_memory, else their largest reading) + the kill buffer, under the limit."""
+        pool, budget = self.core.pool, self.core.budget
+        if self.limit is None or budget.cgroup is None or not pool.replacing(model):
+            return
+        workers = list(pool.of_model(model))
+        policy = pool.models[model].config.policy
+        baselines = [w.assessment.baseline for w in workers if w.assessment.baseline]
+        readings = [s.memory for w in workers if (s := w.history.last()) is not None]
+        warm = max(baselines) if baselines else policy.max_memory or policy.kill_memory or \
+            max(readings, default=0)
+        need = budget.cgroup.working_set + warm + budget.buffer(None)
+        assert need <= self.limit, f"a replacement of {model} spawned needing {need} " \
+            f"under a limit of {self.limit}: {[(w.id, w.state, w.reason) for w in workers]}"
+
+    def container(self, poll: bool) -> None:
+        """The cgroup as the daemon reads it: the live workers' memory is its working set."""
+        used = sum(w.memory for w in self.world.values() if w.alive)
+        reading = CgroupMemory(1, "/sys/fs/cgroup/memory/test", self.limit, used + 50, 50,
+                               oom_kills=self.oom_kills)
+        self.core.memory(reading, None, poll)
 
     def check_batch(self, action: SendBatch) -> None:
         handle = self.core.pool.workers.get(action.worker_id)
@@ -429,6 +462,31 @@ class CoreMachine(RuleBasedStateMachine):
             assert state.exits.get(ExitCause.KILLED_EXTERNALLY, 0) == before + 1, \
                 f"{sim.id} SIGKILLed from outside not counted: {state.exits}"
 
+    @rule(data=st.data())
+    def kernel_oom_kill(self, data: st.DataObject) -> None:
+        """The kernel kills a worker at the container's limit: named oom_killed."""
+        candidates = self.workers(lambda w: not w.killed)
+        if not candidates:
+            return
+        sim = data.draw(st.sampled_from(candidates))
+        worker = self.core.pool.workers.get(sim.id)
+        state = self.core.pool.models[worker.model] if worker is not None else None
+        before = dict(state.exits) if state else {}
+        self.oom_kills += 1
+        self.container(poll=False)  # the daemon reads the counter when it reaps a SIGKILL
+        self.exit(sim, -9)
+        if worker is not None and state is not None:
+            assert state.exits.get(ExitCause.OOM_KILLED, 0) == \
+                before.get(ExitCause.OOM_KILLED, 0) + 1, f"{sim.id}: {state.exits}"
+            assert state.exits.get(ExitCause.KILLED_EXTERNALLY, 0) == \
+                before.get(ExitCause.KILLED_EXTERNALLY, 0)
+
+    @rule(limit=st.sampled_from([None, 2500, 4000, 8000]))
+    def container_limit(self, limit: int | None) -> None:
+        """The pod's limit is resized in place (or there is none)."""
+        self.limit = limit
+        self.poll()
+
     def exit(self, sim: SimWorker, code: int) -> None:
         sim.alive = False
         sim.batches.clear()
@@ -484,7 +542,8 @@ class CoreMachine(RuleBasedStateMachine):
         targets = self.core.poll_due(self.now) or []
         readings = {wid: Reading(self.world[wid].memory) for wid, _, _ in targets
                     if wid in self.world and self.world[wid].alive}
-        self.event(self.core.samples, self.now, readings, True, None)
+        self.container(poll=True)
+        self.event(self.core.samples, self.now, readings, True)
         for worker in self.core.pool.workers.values():
             sim = self.world[worker.id]
             last = worker.history.last()

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.config.keys import Config, ModelConfig
+from supervisor.core.budget import Budget, sizing_problem
 from supervisor.daemon import security
+from supervisor.daemon.cgroup import CgroupReader
 from supervisor.shared.certificates import load_certificate
 
 
@@ -40,7 +42,18 @@ def preflight(config: Config) -> list[Finding]:
         except security.UnknownGroup as exc:
             findings.append(Finding(True, f"supervisor.{setting}", str(exc).split(": ", 1)[1]))
     findings += _curve(config)
+    findings += _memory_budget(config)
     return findings
+
+
+def _memory_budget(config: Config) -> list[Finding]:
+    """The workers at their limits, plus one replacement, against the memory limit of the
+    cgroup this command runs in (run it where the daemon runs: inside the container, or
+    with `systemd-run --scope -p MemoryMax=...`)."""
+    budget = Budget()
+    budget.update(CgroupReader().read(), None)
+    problem = sizing_problem(config.models, budget, config.supervisor.min_available_memory)
+    return [Finding(False, "models", f"memory budget: {problem}")] if problem else []
 
 
 def _model(where: str, model: ModelConfig, beside: Path | None) -> list[Finding]:

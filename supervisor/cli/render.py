@@ -27,7 +27,21 @@ def render_status(report: dict[str, Any]) -> str:
              for r in rows]
     head = ["STOPPING: draining (queued and running jobs are answered, new ones get "
             "shutting_down; not ready)", ""] if report.get("stopping") else []
-    return "\n".join([*head, *lines, "", *notes])
+    budget = _budget_line(report.get("memory_budget"))
+    return "\n".join([*head, *lines, "", *notes, *([budget] if budget else [])])
+
+
+def _budget_line(budget: dict[str, Any] | None) -> str | None:
+    """The container's memory, when the daemon runs under a cgroup limit."""
+    if not budget or (budget.get("limit") is None and budget.get("high") is None):
+        return None
+    limit = budget.get("limit")
+    high = f", high {format_size(budget['high'])}" if budget.get("high") is not None else ""
+    return (f"memory budget (cgroup v{budget['version']} {budget['cgroup']}): limit "
+            f"{format_size(limit)}{high}, working set {format_size(budget['working_set'])}, "
+            f"headroom {format_size(budget.get('headroom'))} (kill buffer "
+            f"{format_size(budget['kill_buffer'])}); kernel OOM kills since start: "
+            f"{budget['oom_kills']}")
 
 
 def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
@@ -81,7 +95,11 @@ def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str
                       f"slot {unexpected['slot']}, {unexpected['exit']}, " \
                       f"{format_duration(unexpected['seconds_ago'])} ago)" if unexpected else ""
     if unexpected and unexpected["cause"] == ExitCause.KILLED_EXTERNALLY:
-        unexpected_text += ": a SIGKILL the supervisor did not send, possibly the OOM killer"
+        unexpected_text += ": a SIGKILL the supervisor did not send, and no kernel OOM kill " \
+                           "counted in its memory cgroup"
+    elif unexpected and unexpected["cause"] == ExitCause.OOM_KILLED:
+        unexpected_text += ": the kernel's OOM killer, at the container's memory limit " \
+                           "(see the memory budget line; docs/deployment.md)"
     batches = model.get("batches") or {}
     batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
                  f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""

@@ -411,8 +411,15 @@ class SupervisorSection:
         Duration(MIN_WAIT), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to "
         "finish.")
     min_available_memory: int | None = setting(
-        Optional(Size()), None, "Host pressure: below this much available memory, the "
-        "fastest-growing worker is recycled, one at a time.")
+        Optional(Size()), None, "Memory pressure: below this much headroom (the host's "
+        "available memory, or under a cgroup limit the limit less the working set, whichever "
+        "is tighter) the fastest-growing worker is recycled, one at a time; also the kill "
+        "buffer a replacement must leave free. Unset: under a cgroup limit 5% of it (at most "
+        "512MiB), else the rule is off.")
+    worker_oom_score_adj: int = setting(
+        Int(-1000, 1000), 500, "oom_score_adj given to every worker (and what it starts) so "
+        "that, where the kernel OOM-kills one process, it picks a worker, not the supervisor. "
+        "Raising needs no privilege; a value under the supervisor's own is raised to it.")
     metrics: str | None = setting(
         Optional(Str()), None, "Prometheus /metrics listen address, e.g. 127.0.0.1:9464 "
         "(off when null).")

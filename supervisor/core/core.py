@@ -23,6 +23,7 @@ from supervisor.core import reload_plan as reloading
 from supervisor.core.actions import Action, Reply, SampleNow
 from supervisor.core.admission import Admission, Refusal, job_id_of
 from supervisor.core.batching import next_deadline
+from supervisor.core.budget import Budget, CgroupMemory
 from supervisor.core.history import Reading, Sample
 from supervisor.core.jobs import Job
 from supervisor.core.lifecycle import STOP_GRACE, Lifecycle
@@ -71,8 +72,9 @@ class Core:
         sup = config.supervisor
         self.pool = Pool(config, self.outbox, rng)
         self.router = Router(self.outbox, sup.max_queue, sup.max_queue_bytes)
-        self.lifecycle = Lifecycle(self.pool, self.router, self.outbox)
-        self.recycler = Recycler(self.pool, self.router, self.lifecycle)
+        self.budget = Budget()  # the container's memory: read by the daemon every poll
+        self.lifecycle = Lifecycle(self.pool, self.router, self.outbox, self.budget)
+        self.recycler = Recycler(self.pool, self.router, self.lifecycle, self.budget)
         self.admission = Admission(sup)
         self.next_poll = 0.0
         self.shutdown_started: float | None = None
@@ -317,10 +319,17 @@ class Core:
                 for w in self.pool.workers.values()
                 if w.pid is not None and w.state is not State.GONE]
 
-    def samples(self, now: float, readings: Mapping[str, Reading], poll: bool = True,
-                host_available: int | None = None) -> None:
+    def memory(self, cgroup: CgroupMemory | None, host_available: int | None,
+               poll: bool = True) -> None:
+        """The container's memory (its cgroup, None outside one or when unreadable) and the
+        host's available memory, read by the daemon at every poll (``poll``) and when a
+        worker died of a SIGKILL it did not send (its OOM-kill counter may name the kernel)."""
+        self.budget.update(cgroup, host_available, poll)
+
+    def samples(self, now: float, readings: Mapping[str, Reading], poll: bool = True) -> None:
         """Memory readings: recorded, then judged (every worker on a poll, only these
-        otherwise, so a trend's confirmations count polls)."""
+        otherwise, so a trend's confirmations count polls); on a poll, memory pressure
+        (``Core.memory`` gave the headroom before)."""
         sampled = []
         for worker_id, reading in readings.items():
             worker = self.pool.workers.get(worker_id)
@@ -329,9 +338,8 @@ class Core:
                                           worker.probes, reading.children))
                 sampled.append(worker)
         self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
-        floor = self.config.supervisor.min_available_memory
-        if poll and floor is not None and host_available is not None:
-            self.recycler.host_pressure(host_available, floor, now)
+        if poll:
+            self.recycler.memory_pressure(now)
 
     # --- time ----------------------------------------------------------------------------
 
@@ -343,7 +351,8 @@ class Core:
         self.router.expire(now)
         if self.shutdown_started is not None:
             self._shutdown_progress(now)
-        self.pool.replenish(now)
+        self.recycler.make_room(now)
+        self.pool.replenish(now, self.recycler.fits)
         for model in list(self.pool.models):
             self.dispatch(model, now)
 

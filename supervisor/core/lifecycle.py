@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.core.actions import Action, Kill, Stop
+from supervisor.core.budget import Budget
 from supervisor.core.pool import Pool, State, WorkerHandle
 from supervisor.core.reasons import ExitCause, Reason, exit_cause
 from supervisor.core.router import Router
@@ -29,8 +30,10 @@ STOP_GRACE = 5.0
 
 
 class Lifecycle:
-    def __init__(self, pool: Pool, router: Router, outbox: list[Action]) -> None:
+    def __init__(self, pool: Pool, router: Router, outbox: list[Action],
+                 budget: Budget | None = None) -> None:
         self.pool, self.router, self.outbox = pool, router, outbox
+        self.budget = budget or Budget()  # the container's memory: its OOM kills
 
     # --- the way out ---------------------------------------------------------------------
 
@@ -104,6 +107,8 @@ class Lifecycle:
         self._lose_jobs(worker, why, worker.reason if asked and worker.reason else Reason.DIED)
         cause = exit_cause(worker.reason, worker.kill_reason, told, worker.ready_at is not None,
                            code)
+        if cause is ExitCause.KILLED_EXTERNALLY and self.budget.oom.claim():
+            cause = ExitCause.OOM_KILLED  # the cgroup's OOM-kill counter rose meanwhile
         self.pool.count_exit(worker, cause, code, now)
         self._log_exit(worker, code, now, asked, cause)
 
@@ -141,7 +146,13 @@ class Lifecycle:
                                   "cause": cause.value, "jobs": worker.jobs,
                                   "age_seconds": round(now - worker.started_at, 1)}
         if cause is ExitCause.KILLED_EXTERNALLY:
-            fields["note"] = "possible OOM kill"
+            fields["note"] = "a SIGKILL the supervisor did not send, and no kernel OOM kill " \
+                "counted in its memory cgroup: another process, or the OOM killer of a cgroup " \
+                "the supervisor cannot read"
+        elif cause is ExitCause.OOM_KILLED:
+            fields["note"] = "killed by the kernel's OOM killer: the container reached its " \
+                "memory limit"
+            fields.update(self.budget.at_last_poll())
         if worker.ready_at is None and not asked:
             was_available = not state.unavailable
             told = code in (WorkerExit.LOAD_ERROR, WorkerExit.SPAWN_FAILED)

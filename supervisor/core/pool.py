@@ -12,7 +12,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
@@ -215,9 +215,11 @@ class Pool:
         self.outbox.append(Spawn(worker_id, model))
         return handle
 
-    def replenish(self, now: float) -> None:
+    def replenish(self, now: float, room: Callable[[str], bool] | None = None) -> None:
         """Spawn missing workers, respecting back-off; a failing model is probed with one
-        worker at a time."""
+        worker at a time. A replacement (a worker of the model is on its way out and still
+        holds its memory) is spawned only when ``room`` says one more worker of the model
+        fits the container's memory; otherwise it waits for the outgoing one to be gone."""
         for state in self.models.values():
             if not self.spawning or state.removed or now < state.backoff_until:
                 continue
@@ -226,7 +228,14 @@ class Pool:
             if state.failures and starting:
                 continue
             for _ in range(max(0, missing) if not state.failures else min(1, missing)):
+                if room is not None and self.replacing(state.name) and not room(state.name):
+                    break
                 self.spawn(state.name, now)
+
+    def replacing(self, model: str) -> bool:
+        """A worker of the model is on its way out and not yet gone: a spawn now would be
+        its replacement, beside it."""
+        return any(w.leaving for w in self.of_model(model))
 
     def of_current_settings(self, worker: WorkerHandle) -> bool:
         return worker.generation == self.models[worker.model].generation

@@ -103,7 +103,8 @@ class ExitCause(StrEnum):
     STOPPED = "stopped"  # not replaced: scale-down, removed model, shutdown
     BOOT_FAILED = "boot_failed"  # never became ready: could not start, load error, start_timeout
     CRASHED = "crashed"  # exited on its own, unasked, after it was ready
-    KILLED_EXTERNALLY = "killed_externally"  # a SIGKILL the supervisor did not send (OOM killer?)
+    KILLED_EXTERNALLY = "killed_externally"  # a SIGKILL the supervisor did not send
+    OOM_KILLED = "oom_killed"  # that SIGKILL, with the memory cgroup's OOM-kill counter risen
     KILLED_OVER_LIMIT = "killed_over_limit"  # killed for kill_memory (or a limit while loading)
     HUNG = "hung"  # killed: no heartbeat for heartbeat_timeout
     JOB_TIMEOUT = "job_timeout"  # killed: a job ran past job_timeout

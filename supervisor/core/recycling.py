@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.core.budget import Budget, Room, still_loading, warm_size
 from supervisor.core.diagnosis import Diagnosis, diagnose
 from supervisor.core.lifecycle import Lifecycle
 from supervisor.core.policy import Ruling, Verdict, evaluate, pressure_victim
@@ -55,8 +56,10 @@ def held_back(pool: Pool, worker: WorkerHandle) -> tuple[Reason, Hold] | None:
 
 
 class Recycler:
-    def __init__(self, pool: Pool, router: Router, lifecycle: Lifecycle) -> None:
+    def __init__(self, pool: Pool, router: Router, lifecycle: Lifecycle,
+                 budget: Budget | None = None) -> None:
         self.pool, self.router, self.lifecycle = pool, router, lifecycle
+        self.budget = budget or Budget()
         self.requested: dict[str, Reason] = {}  # worker id -> reason (manual, reload)
 
     def judge(self, workers: Iterable[WorkerHandle], now: float) -> None:
@@ -148,14 +151,60 @@ class Recycler:
         else:
             self.start(worker, reason, verdict, now)
 
+    # --- the container's memory budget (budget.py) ----------------------------------------
+
+    def room(self, model: str) -> Room:
+        """Whether one more warm worker of this model fits the container's memory now."""
+        policy = self.pool.models[model].config.policy
+        return self.budget.room(warm_size(self.pool.of_model(model), policy),
+                                still_loading(self.pool),
+                                self.pool.config.supervisor.min_available_memory)
+
+    def fits(self, model: str) -> bool:
+        return self.room(model).fits
+
+    def _making_room(self, model: str) -> bool:
+        """A worker of the model is out of rotation on its way out: its memory is about to
+        be freed."""
+        return any(w.state in (State.DRAINING, State.STOPPING) for w in self.pool.of_model(model))
+
+    def make_room(self, now: float) -> None:
+        """A worker serving on until its replacement is ready whose replacement does not fit
+        (the budget shrank, or the room went to another model): it drains and stops first,
+        one worker of a model at a time, and the replacement follows it (Pool.replenish)."""
+        if not self.pool.spawning:
+            return
+        for state in self.pool.models.values():
+            model = state.name
+            if state.removed or state.failures or not self.pool.replacing(model) or \
+                    self.pool.serving_slots(model) >= state.config.workers or \
+                    self._making_room(model):
+                continue
+            waiting = [w for w in self.pool.ready(model) if w.leaving]
+            if not waiting:
+                continue
+            room = self.room(model)
+            if room.fits:
+                continue
+            worker = min(waiting, key=lambda w: w.started_at)
+            reason = worker.reason or Reason.MANUAL
+            log.warning("worker_draining_first", model=model, worker=worker.id, pid=worker.pid,
+                        reason=str(reason), detail=f"no room for its replacement beside it: "
+                        f"{room}", **room.fields())
+            self.lifecycle.drain(worker, reason, now)
+
     def free_slots(self, state: ModelState) -> int:
         busy = sum(1 for w in self.pool.of_model(state.name) if w.leaving)
         return max(0, state.config.policy.max_concurrent_recycles - busy)
 
-    def host_pressure(self, available: int, floor: int, now: float) -> None:
-        """Below the host's floor: recycle the fastest-growing worker, one at a time."""
-        if available >= floor or any(w.reason is Reason.HOST_PRESSURE
-                                     for w in self.pool.workers.values()):
+    def memory_pressure(self, now: float) -> None:
+        """Headroom (the host's available memory, or the container's under its limit,
+        whichever is tighter) below the floor: recycle the fastest-growing worker, one at a
+        time. The floor is ``min_available_memory``, else the kill buffer under a limit."""
+        floor = self.budget.pressure_floor(self.pool.config.supervisor.min_available_memory)
+        available = self.budget.headroom()
+        if floor is None or available is None or available >= floor or \
+                any(w.reason is Reason.HOST_PRESSURE for w in self.pool.workers.values()):
             return
         eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
                     if not w.leaving and self.free_slots(state) > 0]
@@ -163,8 +212,9 @@ class Recycler:
         if victim_id is None:
             return
         victim = self.pool.workers[victim_id]
+        where = "host" if self.budget.limit is None else "container"
         verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE,
-                          f"host has {available} bytes available, under {floor}",
+                          f"{where} has {available} bytes available, under {floor}",
                           victim.assessment)
         self.start(victim, Reason.HOST_PRESSURE, verdict, now)
 
@@ -192,11 +242,19 @@ class Recycler:
             self._note_churn(worker, reason, now)
         self.requested.pop(worker.id, None)
         surge = state.config.policy.surge and not reason.over_limit
+        room = self.room(worker.model) if surge else Room(True)
+        # No room for a replacement beside it: it drains and stops first, then its
+        # replacement starts (the model serves a worker short meanwhile). While another
+        # worker of the model is already making room, it serves on and waits its turn
+        # (make_room): draining both would leave the model with nobody to serve.
+        surge = surge and (room.fits or self._making_room(worker.model))
         # Draining early leaves the model a worker short until the replacement is ready:
         # the policy's lead was too short for this leak (one that sped up, say).
         emit = log.info if first else log.warning
         emit("worker_recycling" if first else "worker_draining_early",
              **self.event(worker, reason, verdict, now), surge=surge,
+             replacement_first=surge and room.fits,
+             **({"room": str(room), **room.fields()} if room.limit is not None else {}),
              recycling_for=None if first else str(worker.reason))
         if surge:
             self.lifecycle.replace(worker, reason, now)

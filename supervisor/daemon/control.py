@@ -149,7 +149,9 @@ class Controller:
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
         return {"serving": self.serving(), "ready": self.ready(),
-                "stopping": self.core.shutdown_started is not None, "models": models}
+                "stopping": self.core.shutdown_started is not None, "models": models,
+                "memory_budget": self.core.budget.snapshot(
+                    self.core.config.supervisor.min_available_memory)}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))

@@ -25,8 +25,10 @@ from supervisor.config import worker_spec
 from supervisor.config.keys import Config, CurveConfig, SupervisorSection
 from supervisor.config.settings import ConfigErrors
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
+from supervisor.core.budget import sizing_problem
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
+from supervisor.daemon.cgroup import CgroupReader
 from supervisor.daemon.control import Controller
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
@@ -92,9 +94,11 @@ class Daemon:
         self.bound: list[Path] = []  # ipc socket files this daemon created
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
+        self.cgroup = CgroupReader()  # the container's memory budget, read every poll
+        self.oom_score_failed = False  # logged once
         self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
-        self.reporter = Reporter(self.core.pool, self.core.router, clock())
+        self.reporter = Reporter(self.core.pool, self.core.router, clock(), self.core.budget)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
@@ -189,6 +193,7 @@ class Daemon:
         sup = self.config.supervisor
         log.info("supervisor_started", pid=os.getpid(), endpoints=list(sup.endpoints),
                  control=sup.control, admin=sup.admin, models=sorted(self.config.models))
+        self._check_budget()
         poller = zmq.Poller()
         for sock in self._sockets():
             poller.register(sock, zmq.POLLIN)
@@ -228,6 +233,18 @@ class Daemon:
             self._close()
         log.info("supervisor_stopped")
         return DaemonExit.OK
+
+    def _check_budget(self) -> None:
+        """At start (and after a reload): warn when the configured workers cannot fit the
+        container's memory limit with one replacement beside them."""
+        self.core.memory(self.cgroup.read(), self.monitor.available(), poll=False)
+        problem = sizing_problem(self.core.config.models, self.core.budget,
+                                 self.core.config.supervisor.min_available_memory)
+        if problem:
+            log.warning("memory_budget_too_small", problem=problem,
+                        limit=self.core.budget.limit,
+                        hint="raise the container's limit or lower workers/kill_memory "
+                        "(docs/deployment.md, sizing)")
 
     def _failed_start(self, code: DaemonExit, message: str, logged: bool = False) -> int:
         """One error event and a documented status; nothing left behind that this daemon
@@ -283,9 +300,8 @@ class Daemon:
         if targets is not None:
             self._find_trees()
             readings = self.monitor.read(targets, self.trees)
-            floor = self.config.supervisor.min_available_memory
-            available = self.monitor.host_available() if floor is not None else None
-            self.core.samples(now, readings, poll=True, host_available=available)
+            self.core.memory(self.cgroup.read(), self.monitor.available(), poll=True)
+            self.core.samples(now, readings, poll=True)
         self.core.tick(now)
         self._perform()
         self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None,
@@ -313,6 +329,8 @@ class Daemon:
             if code is not None:
                 del self.processes[worker_id]
                 self.output.finish(worker_id, now)  # its last lines before its exit event
+                if code == -signal.SIGKILL:  # the kernel's OOM killer? its counter says
+                    self.core.memory(self.cgroup.read(), None, poll=False)
                 self.core.exited(worker_id, code, now)
         while (pid := _exited_child()) is not None:
             if any(p.pid == pid for p in self.processes.values()):
@@ -409,6 +427,13 @@ class Daemon:
             if capture is not None:
                 os.close(capture)  # the worker has its copy: its exit ends the stream
         self.processes[action.worker_id] = process
+        # Right after fork: the worker is still starting Python, long before TensorFlow
+        # allocates; what it starts inherits the score.
+        adj = self.core.config.supervisor.worker_oom_score_adj
+        if linux.raise_oom_score(process.pid, adj) is None and not self.oom_score_failed:
+            self.oom_score_failed = True
+            log.warning("oom_score_adj_failed", worker=action.worker_id, value=adj,
+                        hint="the kernel may pick the supervisor as its OOM victim")
         self.core.spawned(action.worker_id, process.pid, secret)
 
     def _signal(self, worker_id: str, signum: int) -> None:
@@ -523,6 +548,7 @@ class Daemon:
         self.config = self.core.config
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(read.path), **changes.summary())
+        self._check_budget()
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")

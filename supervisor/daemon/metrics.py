@@ -43,6 +43,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from supervisor.config.keys import PolicyConfig
+from supervisor.core.budget import Budget
 from supervisor.core.policy import byte_limits
 from supervisor.core.pool import Pool, State, WorkerHandle
 from supervisor.core.reasons import ExitCause
@@ -95,9 +96,27 @@ class ModelRow:
 
 
 @dataclass(frozen=True)
+class BudgetRow:
+    """The container's memory (core/budget.py), when the daemon could read its cgroup."""
+
+    limit: int | None  # the binding limit (memory.high when lower than the hard limit)
+    working_set: int
+    headroom: int | None
+    oom_kills: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     slots: tuple[SlotRow, ...] = ()
     models: tuple[ModelRow, ...] = ()
+    budget: BudgetRow | None = None
+
+
+def budget_row(budget: Budget) -> BudgetRow | None:
+    if budget.cgroup is None:
+        return None
+    return BudgetRow(budget.limit, budget.cgroup.working_set, budget.headroom(),
+                     budget.oom.total)
 
 
 def slot_rows(pool: Pool) -> tuple[SlotRow, ...]:
@@ -220,9 +239,10 @@ class Metrics(Collector):
             self.server.server_close()
             self.server = None
 
-    def publish(self, pool: Pool, router: Router) -> None:
+    def publish(self, pool: Pool, router: Router, budget: Budget | None = None) -> None:
         """Called from the main loop: replace the snapshot the scrape thread reads."""
-        self.snapshot = Snapshot(slot_rows(pool), model_rows(pool, router))
+        self.snapshot = Snapshot(slot_rows(pool), model_rows(pool, router),
+                                 budget_row(budget) if budget is not None else None)
 
     def collect(self) -> Iterable[Metric]:
         return [*families(self.snapshot), self.jobs.family(), self.latency.family(),
@@ -339,4 +359,29 @@ def families(snap: Snapshot) -> list[Metric]:
             limits.add_metric([m.model, limit], value)
         available.add_metric([m.model], 1.0 if m.available else 0.0)
     return [memory, baseline, vram, slope, slope_jobs, jobs, states, configured, queue,
-            recycles, held, exits, limits, available]
+            recycles, held, exits, limits, available, *budget_families(snap.budget)]
+
+
+def budget_families(row: BudgetRow | None) -> list[Metric]:
+    """The container's memory: present once its cgroup could be read (the limit only under
+    one)."""
+    if row is None:
+        return []
+    out: list[Metric] = []
+    if row.limit is not None:
+        out.append(GaugeMetricFamily("tfsupervisor_memory_budget_bytes", "The memory limit "
+                                     "of the supervisor's cgroup (memory.high when lower than "
+                                     "the hard limit): what the container may use.",
+                                     value=row.limit))
+    out.append(GaugeMetricFamily("tfsupervisor_memory_working_set_bytes", "The cgroup's "
+                                 "usage less its inactive file cache (the kubelet's figure).",
+                                 value=row.working_set))
+    if row.headroom is not None:
+        out.append(GaugeMetricFamily("tfsupervisor_memory_headroom_bytes", "Memory left: the "
+                                     "tighter of the cgroup's limit less its working set and "
+                                     "the host's available memory.", value=row.headroom))
+    out.append(CounterMetricFamily("tfsupervisor_oom_kills", "Kernel OOM kills counted in the "
+                                   "supervisor's memory cgroup since it started (workers' "
+                                   "are also exits with cause oom_killed).",
+                                   value=row.oom_kills))
+    return out

@@ -27,6 +27,13 @@ class Monitor:
         self.vram = vram or VramReader()
         self.host_available = host_available
 
+    def available(self) -> int | None:
+        """The host's available memory (None if /proc/meminfo cannot be read)."""
+        try:
+            return self.host_available()
+        except (OSError, ValueError):
+            return None
+
     def read(self, targets: Iterable[tuple[str, int, str]], trees: Trees) -> dict[str, Reading]:
         """Readings of (worker id, pid, metric) targets, each worker's tree (as ``trees``
         last found it) included."""

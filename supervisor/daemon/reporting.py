@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config.keys import SupervisorSection
+from supervisor.core.budget import Budget
 from supervisor.core.jobs import Job
 from supervisor.core.pool import Pool, State
 from supervisor.core.router import Router
@@ -55,8 +56,9 @@ class ErrorSummary:
 
 
 class Reporter:
-    def __init__(self, pool: Pool, router: Router, now: float) -> None:
-        self.pool, self.router = pool, router
+    def __init__(self, pool: Pool, router: Router, now: float,
+                 budget: Budget | None = None) -> None:
+        self.pool, self.router, self.budget = pool, router, budget
         self.metrics = Metrics()
         self.notifier = Notifier()
         self.errors = ErrorSummary()
@@ -92,7 +94,7 @@ class Reporter:
         if now >= self.next_publish:
             self.next_publish = now + min(1.0, settings.poll_interval)
             self.notifier.status(self.summary(now, stopping))
-            self.metrics.publish(self.pool, self.router)
+            self.metrics.publish(self.pool, self.router, self.budget)
 
     def ready_enough(self, settings: SupervisorSection) -> bool:
         """Start-up: every required model has its ready workers (ready_min_workers, or all).

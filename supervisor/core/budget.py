@@ -1,0 +1,271 @@
+"""The container's memory budget: the limit that actually kills the service.
+
+In a Kubernetes pod, a systemd unit with ``MemoryMax=`` or a ``docker run --memory``, the
+kernel OOM-kills at the *cgroup's* limit, whatever the host has free. The daemon reads its
+own cgroup at every poll (``supervisor/daemon/cgroup.py``) and hands the reading here; this
+module decides, with no clock and no I/O:
+
+- **headroom**: the tighter of the host's available memory and the cgroup's limit minus its
+  working set (usage less inactive file cache: the kubelet's and cAdvisor's figure, since
+  the kernel reclaims that cache before it kills);
+- **kill buffer**: how close to the limit counts as pressure when
+  ``supervisor.min_available_memory`` is unset: ``BUFFER_FRACTION`` of the limit, at most
+  ``MAX_BUFFER`` (Ray's memory monitor acts at 95 % of its cgroup for the same reason: one
+  poll interval of growth must not reach the limit);
+- **room**: whether one more process of a given size fits (working set + what the workers
+  still loading will grow to + that size + the buffer, under the limit). A recycle starts its
+  replacement first only when it does (``recycling.py``), and a replacement is spawned
+  only when it does (``Pool.replenish``);
+- **OOM kills**: the cgroup's OOM-kill counter, so a worker the kernel killed is named
+  ``oom_killed`` instead of ``killed_externally``.
+
+A budget never lifts a bound: ``kill_memory`` and ``max_memory`` hold whatever it says.
+Outside any limit (no cgroup limit, or a reading that failed) every answer is what it was
+before budgets existed: everything fits, and pressure is the host's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from supervisor.config.keys import ModelConfig, PolicyConfig
+from supervisor.core.pool import Pool, State, WorkerHandle
+
+MIB = 1024**2
+# The default kill buffer: this fraction of the limit, capped (see the module docstring).
+BUFFER_FRACTION = 0.05
+MAX_BUFFER = 512 * MIB
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """One reading of the supervisor's memory cgroup (every figure in bytes)."""
+
+    version: int  # 1 or 2
+    path: str  # the cgroup's directory
+    limit: int | None  # memory.max / memory.limit_in_bytes (the tightest ancestor's); None: none
+    usage: int  # memory.current / memory.usage_in_bytes
+    inactive_file: int  # page cache the kernel reclaims before it kills
+    high: int | None = None  # v2 memory.high: where the kernel starts throttling; None: none
+    oom_kills: int | None = None  # the cgroup's OOM-kill counter; None: the kernel keeps none
+
+    @property
+    def working_set(self) -> int:
+        return max(0, self.usage - self.inactive_file)
+
+    @property
+    def binding_limit(self) -> int | None:
+        """The figure judged against: memory.high when it is lower than the hard limit (past
+        it the kernel throttles and reclaims: a service in reclaim stalls long before it is
+        killed)."""
+        limits = [x for x in (self.limit, self.high) if x is not None]
+        return min(limits) if limits else None
+
+
+class OomCounter:
+    """Kernel OOM kills of the cgroup, matched to worker deaths.
+
+    The counter is cumulative for the cgroup, so only what rose since the daemon started
+    counts, and an increment is matched to at most one SIGKILL the supervisor did not send.
+    An increment no worker death claims (the kernel killed a worker's descendant, which the
+    worker survived) expires at the poll after next, so a later ``kill -9`` from someone
+    else is not blamed on the kernel."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None  # the counter when first read: kills before us
+        self.seen: int | None = None  # the counter at the latest reading
+        self.consumed = 0  # the counter up to which increments are matched or expired
+        self.polls: list[int] = []  # the counter at the last two polls
+
+    def read(self, counter: int | None, poll: bool) -> None:
+        if counter is None:
+            return
+        if self.base is None or (self.seen is not None and counter < self.seen):
+            self.base = self.consumed = counter  # first reading, or another cgroup now
+            self.polls = []
+        self.seen = counter
+        if poll:
+            # What the poll before last already saw has had a whole poll interval for its
+            # worker's death to be reaped (a large process can take a while to exit).
+            if len(self.polls) == 2:
+                self.consumed = max(self.consumed, self.polls[0])
+            self.polls = [*self.polls[-1:], counter]
+
+    def claim(self) -> bool:
+        """One unmatched kernel OOM kill, taken for the worker death now being judged."""
+        if self.seen is not None and self.seen > self.consumed:
+            self.consumed += 1
+            return True
+        return False
+
+    @property
+    def total(self) -> int:
+        """OOM kills in the cgroup since the daemon started (workers' or not)."""
+        return 0 if self.seen is None or self.base is None else self.seen - self.base
+
+
+@dataclass(frozen=True)
+class Room:
+    """Why one more process does or does not fit; the figures go into the recycle event."""
+
+    fits: bool
+    limit: int | None = None
+    working_set: int | None = None
+    loading: int = 0  # what the workers still starting will grow to, beyond their reading
+    needed: int = 0  # the new process's expected warm size
+    buffer: int = 0
+
+    def fields(self) -> dict[str, int | None]:
+        if self.limit is None:
+            return {}
+        return {"budget_limit": self.limit, "working_set": self.working_set,
+                "loading": self.loading, "replacement_size": self.needed,
+                "kill_buffer": self.buffer}
+
+    def __str__(self) -> str:
+        if self.limit is None:
+            return "no memory limit"
+        total = (self.working_set or 0) + self.loading + self.needed + self.buffer
+        verb = "fits under" if self.fits else "exceeds"
+        return (f"working set {_mib(self.working_set or 0)} + loading {_mib(self.loading)} + "
+                f"a warm worker {_mib(self.needed)} + kill buffer {_mib(self.buffer)} = "
+                f"{_mib(total)} {verb} the limit {_mib(self.limit)}")
+
+
+class Budget:
+    """What the core knows of the container's memory: the latest cgroup reading and the
+    host's available memory, both given by the daemon at every poll."""
+
+    def __init__(self) -> None:
+        self.cgroup: CgroupMemory | None = None
+        self.host_available: int | None = None
+        self.polled: CgroupMemory | None = None  # the reading of the last poll
+        self.oom = OomCounter()
+
+    def update(self, cgroup: CgroupMemory | None, host_available: int | None,
+               poll: bool = True) -> None:
+        self.cgroup = cgroup
+        if poll:
+            self.polled = cgroup
+        if host_available is not None:
+            self.host_available = host_available
+        self.oom.read(cgroup.oom_kills if cgroup is not None else None, poll)
+
+    def at_last_poll(self) -> dict[str, int | None]:
+        """The limit and working set the last poll saw (an OOM kill's event: a reading
+        taken after the kill shows the memory it freed)."""
+        if self.polled is None:
+            return {}
+        return {"budget_limit": self.polled.binding_limit,
+                "working_set": self.polled.working_set, "oom_kills": self.oom.total}
+
+    @property
+    def limit(self) -> int | None:
+        return self.cgroup.binding_limit if self.cgroup is not None else None
+
+    def buffer(self, floor: int | None) -> int:
+        """The kill buffer: the configured floor, else the default under a limit, else 0."""
+        if floor is not None:
+            return floor
+        limit = self.limit
+        return 0 if limit is None else min(MAX_BUFFER, int(limit * BUFFER_FRACTION))
+
+    def headroom(self) -> int | None:
+        """Under the limit (None when neither the cgroup nor the host was read)."""
+        room = []
+        if self.cgroup is not None and self.limit is not None:
+            room.append(self.limit - self.cgroup.working_set)
+        if self.host_available is not None:
+            room.append(self.host_available)
+        return min(room) if room else None
+
+    def pressure_floor(self, floor: int | None) -> int | None:
+        """Below how much headroom memory pressure recycles: the configured floor, else the
+        kill buffer under a limit, else none (the host alone, as configured)."""
+        if floor is not None:
+            return floor
+        return self.buffer(None) if self.limit is not None else None
+
+    def room(self, needed: int, loading: int, floor: int | None) -> Room:
+        """Whether a process expected to reach ``needed`` bytes fits, with ``loading`` bytes
+        still to come from workers that are starting."""
+        limit = self.limit
+        if self.cgroup is None or limit is None:
+            return Room(True)
+        buffer = self.buffer(floor)
+        working = self.cgroup.working_set
+        return Room(working + loading + needed + buffer <= limit, limit, working, loading,
+                    needed, buffer)
+
+    def snapshot(self, floor: int | None) -> dict[str, object] | None:
+        """What status shows (None outside any cgroup limit)."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return None
+        return {"cgroup": cgroup.path, "version": cgroup.version, "limit": cgroup.limit,
+                "high": cgroup.high, "working_set": cgroup.working_set, "usage": cgroup.usage,
+                "headroom": self.headroom(), "kill_buffer": self.buffer(floor),
+                "host_available": self.host_available, "oom_kills": self.oom.total}
+
+
+def _mib(value: int) -> str:
+    return f"{value / MIB:.0f}MiB"
+
+
+def warm_size(workers: Iterable[WorkerHandle], policy: PolicyConfig) -> int:
+    """What a fresh worker of a model reaches once warm: the largest baseline (taken after
+    warm-up) of its live workers; before any has one, its ``max_memory`` (else
+    ``kill_memory``), else the largest reading of its workers so far, else 0."""
+    workers = list(workers)
+    baselines = [w.assessment.baseline for w in workers if w.assessment.baseline is not None]
+    if baselines:
+        return max(baselines)
+    for limit in (policy.max_memory, policy.kill_memory):
+        if limit is not None:
+            return limit
+    readings = [s.memory for w in workers if (s := w.history.last()) is not None]
+    return max(readings, default=0)
+
+
+def still_loading(pool: Pool) -> int:
+    """What the workers that are starting will still grow by (each up to its model's warm
+    size): counted against the room, so two replacements spawned a poll apart do not both
+    count on the same free memory."""
+    total = 0
+    for worker in pool.workers.values():
+        if worker.state is not State.STARTING:
+            continue
+        state = pool.models[worker.model]
+        size = warm_size(pool.of_model(worker.model), state.config.policy)
+        latest = worker.history.last()
+        total += max(0, size - (latest.memory if latest is not None else 0))
+    return total
+
+
+def sizing_problem(models: Mapping[str, ModelConfig], budget: Budget,
+                   floor: int | None) -> str | None:
+    """Why the configured workers cannot fit the limit the daemon can see (None when they
+    do, or when there is no limit). Each worker counts at its hard limit (``kill_memory``,
+    else ``max_memory``: the most a policy lets it hold), plus one replacement of the
+    largest and the kill buffer: what replacement-first recycling needs to never meet the
+    kernel's OOM killer."""
+    limit = budget.limit
+    if limit is None:
+        return None
+    sizes = {name: m.policy.kill_memory or m.policy.max_memory for name, m in models.items()}
+    unbounded = sorted(name for name, size in sizes.items() if size is None)
+    if unbounded:
+        return (f"models {', '.join(unbounded)} set neither kill_memory nor max_memory: "
+                f"nothing keeps their workers under the container's limit of {_mib(limit)}")
+    need = sum(models[n].workers * (size or 0) for n, size in sizes.items())
+    largest = max((size or 0 for size in sizes.values()), default=0)
+    buffer = budget.buffer(floor)
+    total = need + largest + buffer
+    if total <= limit:
+        return None
+    return (f"the workers at their limits ({_mib(need)}: workers x kill_memory, else "
+            f"max_memory) + one replacement ({_mib(largest)}) + the kill buffer "
+            f"({_mib(buffer)}) = {_mib(total)}, over the container's limit of {_mib(limit)}: "
+            "recycles will drain a worker before its replacement starts, and a worker "
+            "that reaches its limit may meet the kernel's OOM killer first")

@@ -1,0 +1,194 @@
+"""Reading the supervisor's own memory cgroup: the budget the kernel enforces.
+
+Where it is: ``/proc/self/cgroup`` names the cgroup (v1: the line whose controllers include
+``memory``; v2: the ``0::`` line), and ``/proc/self/mountinfo`` says where that hierarchy is
+mounted (a container sees its own cgroup as the root of its mount). What it holds:
+
+- cgroup v2: ``memory.max`` and ``memory.high`` (``max``: none), ``memory.current``,
+  ``memory.stat``'s ``inactive_file``, ``memory.events``' ``oom_kill``. A parent's limit
+  binds too (a systemd slice, a pod above its container): every ancestor up to the mount is
+  read and the one with the least room is the budget.
+- cgroup v1: ``memory.stat``'s ``hierarchical_memory_limit`` (the tightest of the cgroup's
+  and its ancestors'), ``memory.usage_in_bytes``, ``memory.stat``'s ``total_inactive_file``,
+  ``memory.oom_control``'s ``oom_kill`` (kernels 4.13 and later).
+
+These are in-kernel files (a few microseconds each, nothing that can hang like a network
+mount), so they are read on the loop at every poll: a pod's limits can be resized in place.
+A reading that fails is None, never an exception: the loop must not die of housekeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.core.budget import CgroupMemory
+from supervisor.shared import logs
+
+log = logs.get(__name__)
+
+# cgroup v1 writes "no limit" as the largest page-aligned 64-bit count
+# (9223372036854771712 on 4 KiB pages); nothing real is near 2**62.
+V1_UNLIMITED = 2**62
+
+
+@dataclass(frozen=True)
+class Location:
+    version: int
+    directory: Path
+    mount: Path  # the hierarchy's mount point: ancestors are read up to it
+
+
+def locate(proc: Path = Path("/proc/self")) -> Location | None:
+    """This process's memory cgroup directory, or None (no memory controller mounted)."""
+    lines = (proc / "cgroup").read_text().splitlines()
+    mounts = _cgroup_mounts((proc / "mountinfo").read_text())
+    for line in lines:  # v1 first: on a hybrid host, memory is v1's controller
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(",") and (1, "memory") in mounts:
+            found = _under(mounts[1, "memory"], path, 1)
+            if found is not None:
+                return found
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and not controllers and (2, "") in mounts:
+            found = _under(mounts[2, ""], path, 2)
+            if found is not None and (found.directory / "memory.current").exists():
+                return found  # v2 with the memory controller enabled for this cgroup
+    return None
+
+
+def _cgroup_mounts(mountinfo: str) -> dict[tuple[int, str], tuple[str, Path]]:
+    """(version, "memory" or "") -> (the mount's root within the hierarchy, mount point)."""
+    out: dict[tuple[int, str], tuple[str, Path]] = {}
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, extra = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(extra) < 3:
+            continue
+        root, point, fstype, options = fields[3], fields[4], extra[0], extra[2].split(",")
+        if fstype == "cgroup2":
+            out.setdefault((2, ""), (root, Path(_unescape(point))))
+        elif fstype == "cgroup" and "memory" in options:
+            out.setdefault((1, "memory"), (root, Path(_unescape(point))))
+    return out
+
+
+def _under(mount: tuple[str, Path], path: str, version: int) -> Location | None:
+    root, point = mount
+    if path == root or root == "/":
+        relative = "" if path == root else path
+    elif path.startswith(root.rstrip("/") + "/"):
+        relative = path[len(root.rstrip("/")):]
+    else:
+        return None  # our cgroup is outside what this mount shows
+    directory = point / relative.lstrip("/")
+    return Location(version, directory, point) if directory.is_dir() else None
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal."""
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def read(location: Location) -> CgroupMemory:
+    """One reading (raises OSError or ValueError on a file that is gone or garbled)."""
+    if location.version == 1:
+        return _read_v1(location.directory)
+    return _read_v2(location)
+
+
+def _read_v1(directory: Path) -> CgroupMemory:
+    stat = _keyed(directory / "memory.stat")
+    limit = stat.get("hierarchical_memory_limit")
+    if limit is None:
+        limit = int((directory / "memory.limit_in_bytes").read_text())
+    usage = int((directory / "memory.usage_in_bytes").read_text())
+    oom = _keyed(directory / "memory.oom_control").get("oom_kill")
+    return CgroupMemory(1, str(directory), limit if limit < V1_UNLIMITED else None, usage,
+                        stat.get("total_inactive_file", stat.get("inactive_file", 0)),
+                        oom_kills=oom)
+
+
+def _read_v2(location: Location) -> CgroupMemory:
+    own = _level_v2(location.directory)
+    events = _keyed(location.directory / "memory.events")
+    best = own
+    directory = location.directory
+    while directory != location.mount and location.mount in directory.parents:
+        directory = directory.parent
+        if not (directory / "memory.max").exists():
+            break  # the hierarchy's root: no limit files
+        level = _level_v2(directory)
+        if _tighter(level, best):
+            best = level
+    return CgroupMemory(2, best.path, best.limit, best.usage, best.inactive_file, best.high,
+                        events.get("oom_kill"))
+
+
+def _level_v2(directory: Path) -> CgroupMemory:
+    stat = _keyed(directory / "memory.stat")
+    return CgroupMemory(2, str(directory), _max(directory / "memory.max"),
+                        int((directory / "memory.current").read_text()),
+                        stat.get("inactive_file", 0), _max(directory / "memory.high"))
+
+
+def _tighter(level: CgroupMemory, best: CgroupMemory) -> bool:
+    if level.binding_limit is None:
+        return False
+    if best.binding_limit is None:
+        return True
+    return level.binding_limit - level.working_set < best.binding_limit - best.working_set
+
+
+def _max(path: Path) -> int | None:
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    return None if text == "max" else int(text)
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    """A flat-keyed cgroup file (``key value`` lines); missing file: empty."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            out[key] = int(value)
+    return out
+
+
+class CgroupReader:
+    """The budget at every poll. Located once, located again after a reading fails (the
+    process was moved, the cgroup removed); a failure is logged once, not every poll."""
+
+    def __init__(self, proc: Path = Path("/proc/self")) -> None:
+        self.proc = proc
+        self.location: Location | None = None
+        self.located = False
+        self.failing = False
+
+    def read(self) -> CgroupMemory | None:
+        try:
+            if not self.located:
+                self.location, self.located = locate(self.proc), True
+                self._found()
+            if self.location is None:
+                return None
+            reading = read(self.location)
+        except (OSError, ValueError, IndexError) as exc:
+            if not self.failing:
+                log.warning("memory_cgroup_unreadable", error=f"{type(exc).__name__}: {exc}",
+                            hint="memory is judged by the host alone until it can be read")
+            self.failing, self.located = True, False
+            return None
+        self.failing = False
+        return reading
+
+    def _found(self) -> None:
+        if self.location is None:
+            return
+        log.info("memory_cgroup", version=self.location.version,
+                 cgroup=str(self.location.directory))

@@ -1,0 +1,323 @@
+"""The container's memory budget: reading cgroups (v1 and v2, laid out as the kernel writes
+them), the pure rules (headroom, kill buffer, room, OOM kills), and the core's recycles
+under a limit, step by step. The live cgroup tests are in test_container_budget.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli.render import render_status
+from supervisor.config.loading import parse_config
+from supervisor.core.budget import (
+    MAX_BUFFER,
+    MIB,
+    Budget,
+    CgroupMemory,
+    OomCounter,
+    sizing_problem,
+)
+from supervisor.core.pool import State
+from supervisor.core.reasons import ExitCause, Reason
+from supervisor.daemon import cgroup
+from supervisor.daemon.control import Controller
+from supervisor.daemon.metrics import Metrics
+from tests.test_core_cases import World
+
+GIB = 1024 * MIB
+
+
+def write(directory: Path, files: dict[str, str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def proc(tmp: Path, cgroup_lines: str, mountinfo: str) -> Path:
+    return write(tmp / "proc", {"cgroup": cgroup_lines, "mountinfo": mountinfo})
+
+
+V2_MOUNT = "30 23 0:26 / {point} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 " \
+           "rw,nsdelegate,memory_recursiveprot\n"
+V1_MOUNT = "35 31 0:32 {root} {point} rw,relatime - cgroup cgroup rw,memory\n"
+
+
+def v2_level(directory: Path, maximum: str, current: int, inactive: int,
+             high: str = "max", oom_kill: int = 0) -> Path:
+    return write(directory, {
+        "memory.max": f"{maximum}\n", "memory.high": f"{high}\n",
+        "memory.current": f"{current}\n",
+        "memory.stat": f"anon {current - inactive}\nfile {inactive}\nactive_file 0\n"
+                       f"inactive_file {inactive}\n",
+        "memory.events": f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {oom_kill}\n"
+                         "oom_group_kill 0\n"})
+
+
+def test_cgroup_v2_own_limit_working_set_and_oom_counter(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    write(root, {"cgroup.controllers": "cpu memory\n"})  # the root has no memory.max
+    v2_level(root / "kubepods.slice", "max", 9 * GIB, GIB)
+    v2_level(root / "kubepods.slice" / "pod", str(6 * GIB), 5 * GIB, GIB, oom_kill=2)
+    found = cgroup.locate(proc(tmp_path, "0::/kubepods.slice/pod\n",
+                               V2_MOUNT.format(point=root)))
+    assert found is not None and found.version == 2
+    reading = cgroup.read(found)
+    assert (reading.limit, reading.usage, reading.working_set, reading.oom_kills) == \
+        (6 * GIB, 5 * GIB, 4 * GIB, 2)
+
+
+def test_cgroup_v2_the_tightest_ancestor_binds_and_memory_high_counts(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    v2_level(root / "system.slice", str(4 * GIB), 3 * GIB + 512 * MIB, 0)  # 512 MiB of room
+    v2_level(root / "system.slice" / "tfs.service", "max", GIB, 0, high=str(3 * GIB),
+             oom_kill=1)
+    found = cgroup.locate(proc(tmp_path, "0::/system.slice/tfs.service\n",
+                               V2_MOUNT.format(point=root)))
+    assert found is not None
+    reading = cgroup.read(found)
+    assert reading.path.endswith("system.slice") and reading.limit == 4 * GIB
+    assert reading.oom_kills == 1  # the events of our own cgroup: our processes' kills
+    # The unit alone: its memory.high (3 GiB) is the figure judged against, not "max".
+    own = cgroup.read(cgroup.Location(2, found.directory, found.directory))
+    assert (own.limit, own.high, own.binding_limit) == (None, 3 * GIB, 3 * GIB)
+
+
+def test_cgroup_v2_without_a_memory_controller_is_none(tmp_path: Path) -> None:
+    root = write(tmp_path / "cg" / "user.slice", {"cgroup.procs": ""})
+    assert cgroup.locate(proc(tmp_path, "0::/user.slice\n",
+                              V2_MOUNT.format(point=root.parent))) is None
+
+
+def test_cgroup_v1_hierarchical_limit_and_unlimited(tmp_path: Path) -> None:
+    point = tmp_path / "memory"
+    own = write(point / "docker" / "abc", {
+        "memory.limit_in_bytes": "9223372036854771712\n",
+        "memory.usage_in_bytes": f"{3 * GIB}\n",
+        "memory.stat": f"cache 1\nhierarchical_memory_limit {2 * GIB}\n"
+                       f"total_inactive_file {GIB}\n",
+        "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n"})
+    # A container sees its own cgroup as the mount's root.
+    found = cgroup.locate(proc(tmp_path, "12:memory:/docker/abc\n0::/\n",
+                               V1_MOUNT.format(root="/docker/abc", point=point / "docker/abc")))
+    assert found == cgroup.Location(1, own, point / "docker/abc")
+    reading = cgroup.read(found)
+    assert (reading.limit, reading.working_set, reading.oom_kills) == (2 * GIB, 2 * GIB, 4)
+    (own / "memory.stat").write_text("hierarchical_memory_limit 9223372036854771712\n")
+    assert cgroup.read(found).limit is None  # v1's "no limit"
+
+
+def test_reader_never_raises_and_finds_the_cgroup_again(tmp_path: Path) -> None:
+    point = tmp_path / "memory"
+    files = {"memory.usage_in_bytes": "100\n", "memory.stat": "hierarchical_memory_limit 1000\n",
+             "memory.oom_control": "oom_kill 0\n", "memory.limit_in_bytes": "1000\n"}
+    write(point / "svc", files)
+    proc_dir = proc(tmp_path, "4:memory:/svc\n", V1_MOUNT.format(root="/", point=point))
+    reader = cgroup.CgroupReader(proc_dir)
+    assert reader.read() is not None
+    (point / "svc" / "memory.usage_in_bytes").write_text("garbage\n")
+    assert reader.read() is None  # logged once, judged by the host meanwhile
+    (point / "svc" / "memory.usage_in_bytes").write_text("200\n")
+    reading = reader.read()
+    assert reading is not None and reading.usage == 200
+    (proc_dir / "cgroup").write_text("")
+    (point / "svc" / "memory.usage_in_bytes").unlink()
+    assert reader.read() is None and reader.read() is None
+
+
+def test_the_real_cgroup_of_this_process_reads() -> None:
+    """On any Linux host with a memory controller: the reading is sane (no limit is fine)."""
+    location = cgroup.locate()
+    if location is None:
+        assert not Path("/sys/fs/cgroup/memory").is_dir()
+        return
+    reading = cgroup.read(location)
+    assert reading.usage > 0 and 0 <= reading.working_set <= reading.usage
+
+
+def reading(limit: int | None, usage: int, inactive: int = 0, oom: int | None = 0,
+            high: int | None = None) -> CgroupMemory:
+    return CgroupMemory(2, "/cg", limit, usage, inactive, high, oom)
+
+
+def test_headroom_is_the_tighter_of_host_and_container() -> None:
+    budget = Budget()
+    budget.update(reading(6 * GIB, 5 * GIB, inactive=GIB), host_available=50 * GIB)
+    assert budget.headroom() == 2 * GIB  # 6 - (5 - 1)
+    budget.update(reading(None, 5 * GIB), host_available=GIB)
+    assert budget.headroom() == GIB and budget.pressure_floor(None) is None
+    budget.update(None, None)
+    assert budget.room(10 * GIB, 0, None).fits  # no limit: as before budgets existed
+
+
+def test_kill_buffer_default_is_a_capped_fraction_and_a_setting_replaces_it() -> None:
+    budget = Budget()
+    budget.update(reading(2 * GIB, 0), None)
+    assert budget.buffer(None) == int(2 * GIB * 0.05) == budget.pressure_floor(None)
+    budget.update(reading(64 * GIB, 0), None)
+    assert budget.buffer(None) == MAX_BUFFER
+    assert budget.buffer(100 * MIB) == budget.pressure_floor(100 * MIB) == 100 * MIB
+
+
+def test_room_counts_loading_workers_and_the_buffer() -> None:
+    budget = Budget()
+    budget.update(reading(4 * GIB, 2 * GIB), None)
+    buffer = budget.buffer(None)
+    assert budget.room(2 * GIB - buffer, 0, None).fits
+    room = budget.room(2 * GIB - buffer, 1, None)
+    assert not room.fits and "exceeds the limit 4096MiB" in str(room)
+    assert room.fields()["working_set"] == 2 * GIB
+
+
+def test_oom_counter_matches_kills_to_deaths_and_forgets_unclaimed_ones() -> None:
+    oom = OomCounter()
+    oom.read(5, poll=True)  # kills before the daemon started are not ours
+    assert not oom.claim() and oom.total == 0
+    oom.read(7, poll=False)
+    assert oom.claim() and oom.claim() and not oom.claim() and oom.total == 2
+    oom.read(8, poll=True)  # a kill seen by a poll before its worker's death was reaped
+    oom.read(8, poll=True)
+    assert oom.claim()  # still claimable at the poll after
+    oom.read(9, poll=True)  # a descendant's OOM kill: no worker died of it
+    oom.read(9, poll=True)
+    oom.read(9, poll=True)
+    assert not oom.claim()  # expired: a later kill -9 by someone else is not the kernel's
+
+
+CONTAINER = """
+supervisor:
+  runtime_dir: /tmp/tfs-budget
+models:
+  a:
+    handler: "mod:a"
+    workers: 2
+    policy: {warmup_jobs: 0, warmup_seconds: 0, max_memory: 1GiB, kill_memory: 2GiB,
+             max_jobs: 1000}
+"""
+
+
+WARM = 900 * MIB  # what each worker uses once ready: its baseline, the replacement's size
+
+
+def world(limit: int | None, usage: int, text: str = CONTAINER) -> World:
+    w = World(text)
+    container(w, limit, usage)
+    for worker_id in list(w.memory):
+        w.memory[worker_id] = WARM
+        w.ready(worker_id)
+    return w
+
+
+def container(w: World, limit: int | None, usage: int, oom: int = 0) -> None:
+    w.core.memory(CgroupMemory(1, "/cg", limit, usage, 0, None, oom), None, poll=True)
+
+
+def spawned(w: World) -> list[str]:
+    return [x.id for x in w.core.pool.workers.values() if x.state is State.STARTING]
+
+
+def test_replacement_first_when_it_fits() -> None:
+    w = world(8 * GIB, 2 * GIB)
+    w.core.recycle("a", "a-1")
+    w.poll()
+    w.tick()
+    assert spawned(w) == ["a-3"]  # beside a-1, which serves on until a-3 is ready
+    assert w.core.pool.workers["a-1"].state is State.READY
+
+
+def test_drain_first_when_no_room_then_the_replacement() -> None:
+    w = world(3 * GIB, 2 * GIB)  # 2 GiB + 900 MiB + the buffer (154 MiB) > 3 GiB
+    w.core.recycle("a", "a-1")
+    w.poll()
+    w.tick()
+    assert w.core.pool.workers["a-1"].state is State.STOPPING  # drained (held nothing)
+    assert spawned(w) == []  # not beside it
+    w.tick(1.0)
+    assert spawned(w) == []
+    w.exit("a-1", 0)
+    w.tick()
+    assert spawned(w) == ["a-3"]  # the replacement follows it
+    assert w.core.pool.models["a"].recycles == {"manual": 1}
+
+
+def test_a_shrinking_limit_drains_a_worker_waiting_for_its_replacement() -> None:
+    w = world(8 * GIB, 2 * GIB)
+    w.core.recycle("a", "a-1")
+    w.poll()
+    w.tick()
+    w.exit("a-3", 1)  # the replacement crashed while loading ...
+    container(w, 3 * GIB, 2 * GIB)  # ... and the pod was resized meanwhile
+    w.core.pool.models["a"].failures = 0  # (no back-off: this is about room)
+    w.tick(60.0)
+    assert w.core.pool.workers["a-1"].state is State.STOPPING
+    assert spawned(w) == []
+
+
+def test_two_replacements_do_not_count_on_the_same_free_memory() -> None:
+    text = CONTAINER.replace("max_jobs: 1000}", "max_jobs: 1000, max_concurrent_recycles: 2}")
+    w = world(2 * GIB + 512 * MIB, GIB, text)
+    w.core.recycle("a", None)
+    w.poll()
+    w.tick()
+    # 1 GiB used + a 900 MiB replacement + the buffer (128 MiB) fits 2.5 GiB; a second one
+    # counts the first as loading (it will grow to 900 MiB too), and does not fit.
+    assert len(spawned(w)) == 1
+    assert all(w.core.pool.workers[x].state is State.READY for x in ("a-1", "a-2"))
+
+
+def test_kill_memory_holds_whatever_the_budget() -> None:
+    w = world(3 * GIB, 2 * GIB)
+    w.memory["a-1"] = 2 * GIB
+    w.poll()
+    assert ("a-1", Reason.KILL_MEMORY) in w.killed
+
+
+def test_kernel_oom_kill_is_named_with_the_figures() -> None:
+    w = world(3 * GIB, 2 * GIB)
+    container(w, 3 * GIB, 2 * GIB, oom=1)
+    w.core.memory(CgroupMemory(1, "/cg", 3 * GIB, GIB, 0, None, 1), None, poll=False)
+    w.exit("a-1", -9)
+    state = w.core.pool.models["a"]
+    assert state.exits == {ExitCause.OOM_KILLED: 1}
+    w.exit("a-2", -9)  # no kill counted for this one: someone else's SIGKILL
+    assert state.exits == {ExitCause.OOM_KILLED: 1, ExitCause.KILLED_EXTERNALLY: 1}
+    report = Controller(w.core, lambda answer: None, lambda: True, lambda: True).status(w.now)
+    assert report["memory_budget"]["oom_kills"] == 1
+    text = render_status(report)
+    assert "kernel OOM kills since start: 1" in text and "limit 3.0GiB" in text
+
+
+def test_memory_pressure_is_the_containers() -> None:
+    w = world(4 * GIB, 4 * GIB - 100 * MIB)  # 100 MiB of headroom: under the 5 % buffer
+    w.poll()
+    assert w.core.pool.models["a"].recycles == {"host_pressure": 1}
+
+
+def test_metrics_carry_the_budget() -> None:
+    w = world(4 * GIB, GIB)
+    metrics = Metrics()
+    metrics.publish(w.core.pool, w.core.router, w.core.budget)
+    names = {m.name: m.samples[0].value for m in metrics.collect() if m.samples
+             and m.name.startswith(("tfsupervisor_memory", "tfsupervisor_oom"))}
+    assert names == {"tfsupervisor_memory_budget_bytes": 4 * GIB,
+                     "tfsupervisor_memory_working_set_bytes": GIB,
+                     "tfsupervisor_memory_headroom_bytes": 3 * GIB,
+                     "tfsupervisor_oom_kills": 0}
+
+
+@pytest.mark.parametrize(("limit", "problem"), [
+    (None, None), (64 * GIB, None),
+    (6 * GIB, "the workers at their limits (4096MiB"),  # 2 x 2 GiB + 2 GiB + buffer > 6 GiB
+])
+def test_check_warns_when_the_workers_cannot_fit(limit: int | None, problem: str | None) -> None:
+    config = parse_config(CONTAINER, Path("/tmp/tfs-budget/config.yaml"))
+    budget = Budget()
+    budget.update(reading(limit, 0), None)
+    found = sizing_problem(config.models, budget, None)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+    unbounded = parse_config(CONTAINER.replace("max_memory: 1GiB, kill_memory: 2GiB,", ""),
+                             Path("/tmp/tfs-budget/config.yaml"))
+    if limit is not None:
+        assert "set neither kill_memory nor max_memory" in str(
+            sizing_problem(unbounded.models, budget, None))
