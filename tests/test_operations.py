@@ -22,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.cli.render import render_status
+from supervisor.core.lifecycle import EXTERNAL_KILL_NOTE as NOTE
 from supervisor.daemon.notify import Notifier
 from supervisor.shared.exitcodes import DaemonExit
 from tests.conftest import echo_model, short_tmpdir
@@ -210,7 +211,7 @@ def test_external_kill_and_recycles_show_in_metrics_and_status(
     assert "LAST UNEXPECTED EXIT: killed_externally" in render_status(report)
     died = [json.loads(line) for line in sup.log().splitlines() if '"worker_died"' in line]
     assert [(e["worker"], e["cause"], e["note"]) for e in died] == \
-        [(victim["id"], "killed_externally", "possible OOM kill")]
+        [(victim["id"], "killed_externally", NOTE)]
     exits = ("tfsupervisor_worker_exits_total", (("cause", "killed_externally"), ("model", "m")))
     deadline = time.monotonic() + 30
     while _scrape(url)[1].get(exits) != 1:  # published at most a second later

@@ -27,6 +27,11 @@ log = logs.get(__name__)
 
 # After STOP and SIGTERM, how long a stopping worker gets before SIGKILL.
 STOP_GRACE = 5.0
+# What a worker's death by a SIGKILL the supervisor did not send is logged with.
+EXTERNAL_KILL_NOTE = ("a SIGKILL the supervisor did not send, with no kernel OOM kill counted "
+                      "in its memory cgroup: another process, or the OOM killer of a cgroup "
+                      "it cannot read")
+OOM_KILL_NOTE = "killed by the kernel's OOM killer: the container reached its memory limit"
 
 
 class Lifecycle:
@@ -146,12 +151,9 @@ class Lifecycle:
                                   "cause": cause.value, "jobs": worker.jobs,
                                   "age_seconds": round(now - worker.started_at, 1)}
         if cause is ExitCause.KILLED_EXTERNALLY:
-            fields["note"] = "a SIGKILL the supervisor did not send, and no kernel OOM kill " \
-                "counted in its memory cgroup: another process, or the OOM killer of a cgroup " \
-                "the supervisor cannot read"
+            fields["note"] = EXTERNAL_KILL_NOTE
         elif cause is ExitCause.OOM_KILLED:
-            fields["note"] = "killed by the kernel's OOM killer: the container reached its " \
-                "memory limit"
+            fields["note"] = OOM_KILL_NOTE
             fields.update(self.budget.at_last_poll())
         if worker.ready_at is None and not asked:
             was_available = not state.unavailable

@@ -199,23 +199,39 @@ class Recycler:
 
     def memory_pressure(self, now: float) -> None:
         """Headroom (the host's available memory, or the container's under its limit,
-        whichever is tighter) below the floor: recycle the fastest-growing worker, one at a
-        time. The floor is ``min_available_memory``, else the kill buffer under a limit."""
+        whichever is tighter) below the floor (``min_available_memory``, else the kill buffer
+        under a limit): memory is freed, one worker at a time. Under a container limit, a
+        worker that serves on until its replacement is ready drains now (it is leaving anyway:
+        nothing frees memory sooner, and the kernel kills at the limit); else, unless a worker
+        is already on its way out of rotation, the fastest-growing worker is recycled (drained
+        first under a limit: there is no room beside it; replaced first on the host alone, as
+        before budgets existed)."""
         floor = self.budget.pressure_floor(self.pool.config.supervisor.min_available_memory)
         available = self.budget.headroom()
-        if floor is None or available is None or available >= floor or \
-                any(w.reason is Reason.HOST_PRESSURE for w in self.pool.workers.values()):
+        if floor is None or available is None or available >= floor:
             return
+        where = "host" if self.budget.limit is None else "container"
+        detail = f"{where} has {available} bytes available, under {floor}"
+        workers = list(self.pool.workers.values())
+        serving_on = [w for w in workers if w.state is State.READY and w.leaving]
+        if serving_on and self.pool.spawning and self.budget.limit is not None:
+            worker = max(serving_on, key=lambda w: w.assessment.memory or 0)
+            log.warning("worker_draining_first", model=worker.model, worker=worker.id,
+                        pid=worker.pid, reason=str(worker.reason),
+                        detail=f"memory pressure: {detail}")
+            self.lifecycle.drain(worker, worker.reason or Reason.HOST_PRESSURE, now)
+            return
+        if any(w.reason is Reason.HOST_PRESSURE for w in workers) or (
+                self.budget.limit is not None and
+                any(w.state in (State.DRAINING, State.STOPPING) for w in workers)):
+            return  # memory is on its way to being freed
         eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
                     if not w.leaving and self.free_slots(state) > 0]
         victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
         if victim_id is None:
             return
         victim = self.pool.workers[victim_id]
-        where = "host" if self.budget.limit is None else "container"
-        verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE,
-                          f"{where} has {available} bytes available, under {floor}",
-                          victim.assessment)
+        verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE, detail, victim.assessment)
         self.start(victim, Reason.HOST_PRESSURE, verdict, now)
 
     def request(self, model: str, worker_id: str | None, reason: Reason) -> list[str]:

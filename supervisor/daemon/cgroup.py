@@ -174,7 +174,6 @@ class CgroupReader:
         try:
             if not self.located:
                 self.location, self.located = locate(self.proc), True
-                self._found()
             if self.location is None:
                 return None
             reading = read(self.location)
@@ -186,9 +185,3 @@ class CgroupReader:
             return None
         self.failing = False
         return reading
-
-    def _found(self) -> None:
-        if self.location is None:
-            return
-        log.info("memory_cgroup", version=self.location.version,
-                 cgroup=str(self.location.directory))

@@ -237,7 +237,13 @@ class Daemon:
     def _check_budget(self) -> None:
         """At start (and after a reload): warn when the configured workers cannot fit the
         container's memory limit with one replacement beside them."""
-        self.core.memory(self.cgroup.read(), self.monitor.available(), poll=False)
+        reading = self.cgroup.read()
+        self.core.memory(reading, self.monitor.available(), poll=False)
+        if reading is not None:
+            log.info("memory_budget", cgroup=reading.path, version=reading.version,
+                     limit=reading.limit, high=reading.high, working_set=reading.working_set,
+                     kill_buffer=self.core.budget.buffer(
+                         self.core.config.supervisor.min_available_memory))
         problem = sizing_problem(self.core.config.models, self.core.budget,
                                  self.core.config.supervisor.min_available_memory)
         if problem:

@@ -1,0 +1,195 @@
+"""A real daemon in a real memory cgroup with a limit (cgroup v1 here; CI runs as root).
+
+The container's limit, not the host's memory, is what kills the service: with workers that
+leak under load and a limit that cannot hold every worker plus a replacement, recycles must
+happen without the kernel ever OOM-killing anything and without a failed job; a worker the
+kernel does kill is named ``oom_killed`` and its job answered. Every cgroup a test makes is
+removed, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from supervisor.client import JobError
+from supervisor.testing import Supervisor, start_supervisor
+
+MIB = 1024**2
+MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def _usable() -> str | None:
+    if os.geteuid() != 0:
+        return "making memory cgroups needs root (CI runs as root)"
+    if not (MEMORY / "memory.limit_in_bytes").exists():
+        return "no cgroup v1 memory controller at /sys/fs/cgroup/memory"
+    return None
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path]:
+    """A child memory cgroup with ``limit``; its processes killed and the cgroup removed on
+    the way out."""
+    reason = _usable()
+    if reason is not None:
+        pytest.skip(reason)
+    path = MEMORY / f"tfs-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        with contextlib.suppress(OSError):  # no swap to hide the limit behind
+            (path / "memory.swappiness").write_text("0")
+        yield path
+    finally:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = (path / "cgroup.procs").read_text().split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)  # a killed process still leaving
+        assert not path.exists(), f"could not remove {path}"
+
+
+def wrapper(cgroup: Path) -> list[str]:
+    """Run the supervisor inside ``cgroup``: the shell joins it, then execs the daemon."""
+    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"]
+
+
+def read(cgroup: Path, name: str) -> int:
+    return int((cgroup / name).read_text())
+
+
+def oom_kills(cgroup: Path) -> int:
+    for line in (cgroup / "memory.oom_control").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise AssertionError("the kernel keeps no oom_kill counter (4.13 and later do)")
+
+
+def events(sup: Supervisor, name: str) -> list[dict[str, Any]]:
+    found = []
+    for line in sup.log().splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == name:
+                found.append(event)
+    return found
+
+
+@pytest.fixture
+def started() -> Iterator[list[Supervisor]]:
+    """Daemons a test started; stopped (and their directories removed) after it."""
+    sups: list[Supervisor] = []
+    yield sups
+    for sup in sups:
+        sup.stop()
+        shutil.rmtree(sup.config_path.parent, ignore_errors=True)
+
+
+def start(started: list[Supervisor], cgroup: Path, config: dict[str, Any]) -> Supervisor:
+    sup = start_supervisor(config, wrapper=wrapper(cgroup))
+    started.append(sup)
+    sup.wait_ready()
+    return sup
+
+
+def drained_first(sup: Supervisor) -> list[dict[str, Any]]:
+    """Recycles that found no room for a replacement beside the worker, and workers drained
+    early under memory pressure instead of serving on until their replacement was ready."""
+    return [e for e in events(sup, "worker_recycling")
+            if "room" in e and not e["replacement_first"]] + \
+        events(sup, "worker_draining_first")
+
+
+def test_leaking_workers_recycle_inside_a_limit_that_cannot_hold_a_replacement(
+        started: list[Supervisor]) -> None:
+    # Three leaking workers under the default trend rules, each growing past 100 MiB before
+    # it is recycled, and the supervisor: with a replacement beside them they need more than
+    # this limit at times, and must then drain first (or drain early under pressure).
+    limit = 300 * MIB
+    with memory_cgroup(limit) as cgroup:
+        sup = start(started, cgroup, {
+            "supervisor": {"poll_interval": "0.1s"},
+            "models": {"m": {"handler": "worker.handlers:leak", "workers": 3,
+                             "options": {"bytes_per_job": 64 * 1024, "delay": 0.005},
+                             "policy": {"max_memory": "200MiB", "kill_memory": "240MiB",
+                                        "warmup_jobs": 0, "warmup_seconds": 0,
+                                        "min_lifetime": 0, "max_attempts": 1}}}})
+        budget = sup.status()["memory_budget"]
+        assert budget["limit"] == limit and budget["cgroup"] == str(cgroup)
+        failures: list[str] = []
+        answered = [0]
+        stop = threading.Event()
+
+        def load() -> None:
+            with sup.client(timeout=30) as client:
+                while not stop.is_set():
+                    try:
+                        client.infer("m", {"x": np.ones((1, 4), np.float32)})
+                        answered[0] += 1
+                    except JobError as exc:
+                        failures.append(f"{exc.code}: {exc}")
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            sup.wait_for(lambda s: sum(s["models"]["m"]["recycles"].values()) >= 8 and
+                         bool(drained_first(sup)), 240,
+                         "eight recycles, one of them draining first for lack of room")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+        status = sup.status()
+        assert failures == [], failures[:5]
+        assert answered[0] > 1000
+        assert oom_kills(cgroup) == 0 and status["memory_budget"]["oom_kills"] == 0
+        assert read(cgroup, "memory.max_usage_in_bytes") < limit
+        assert status["models"]["m"]["exits"].get("oom_killed") is None
+        for event in events(sup, "worker_recycling"):  # each choice with its figures
+            if "room" in event:
+                verdict = "fits under" if event["replacement_first"] else "exceeds"
+                assert verdict in event["room"] or not event["surge"], event
+        assert sup.process.poll() is None
+
+
+def test_a_kernel_oom_kill_is_named_and_its_job_answered(started: list[Supervisor]) -> None:
+    limit = 300 * MIB
+    with memory_cgroup(limit) as cgroup:
+        # No policy limit: only the kernel stands between this job and the container's.
+        sup = start(started, cgroup, {
+            "supervisor": {"poll_interval": "0.2s"},
+            "models": {"m": {"handler": "tests.live_handlers:Hog", "workers": 1,
+                             "options": {"hog_bytes": 400 * MIB, "hold_seconds": 5},
+                             "policy": {"max_attempts": 1}}}})
+        with sup.client(timeout=60) as client, pytest.raises(JobError) as failed:
+            client.infer("m", {"x": np.ones((1, 4), np.float32)})
+        assert failed.value.code == "worker_crashed"
+        status = sup.wait_for(lambda s: s["models"]["m"]["exits"].get("oom_killed") == 1, 30,
+                              "the exit named oom_killed")
+        assert status["memory_budget"]["oom_kills"] >= 1
+        assert status["models"]["m"]["last_unexpected_exit"]["cause"] == "oom_killed"
+        [exit_event] = [e for e in events(sup, "worker_died") if e["cause"] == "oom_killed"]
+        assert exit_event["budget_limit"] == limit and exit_event["working_set"] > 0
+        assert sup.process.poll() is None  # the kernel picked the worker, not the supervisor
+        sup.wait_for(lambda s: len([w for w in s["models"]["m"]["workers"]
+                                    if w["state"] == "ready"]) == 1, 60, "a replacement")
