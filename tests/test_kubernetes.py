@@ -10,7 +10,7 @@
 - The ConfigMap's config.yaml is loaded with the daemon's own loader and passes `check`
   with the pod's volumes laid out as the kubelet mounts them (Secrets as symlinks).
 - The Deployment cannot drift from it: memory requests and limits against max_memory and
-  kill_memory x workers (replacements included), the grace period against the daemon's own
+  kill_memory x workers (one replacement included, the rule `check` applies), the grace period against the daemon's own
   drain deadline, probes and preStop against the CLI and the config's endpoints, ports,
   selectors, and the KEDA triggers against the metrics the daemon exports.
 """
@@ -35,6 +35,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.cli.commands import build_parser
 from supervisor.cli.commands import main as cli_main
 from supervisor.config.keys import Config
@@ -56,8 +57,6 @@ KUBERNETES = ("1.29", kubernetes_validate.utils.latest_version())
 # and preStop's `tfsupervisor` processes (~60 MB each, up to three at once) and the
 # in-memory emptyDir of the sockets (16 MiB at most).
 SUPERVISOR_ALLOWANCE = 384 * 1024**2
-# A worker is killed at the first poll over kill_memory: what it grows within one poll.
-POLL_GROWTH = 0.05
 # Time for the preStop's own `tfsupervisor drain` to start and poll, on a busy node.
 PRESTOP_MARGIN = 10.0
 CONTAINER = "tfsupervisor"
@@ -404,28 +403,30 @@ def test_the_configmaps_config_passes_check_in_the_pods_layout(
 def memory_problems(config: Config, resources: dict[str, Any]) -> list[str]:
     """Why the container's memory does not fit the policy (empty when it does).
 
-    A worker's memory is bounded by its model's kill_memory (killed at the first poll over
-    it, so POLL_GROWTH more at most). With surge, a worker over max_memory is replaced at
-    once, however many cross it together: as many replacements as workers, each one also
-    bounded by kill_memory while it loads. The limit must hold all of that and the
-    supervisor's allowance, or a recycle could meet the cgroup limit (OOMKilled, with the
-    whole container). The request must hold every worker at max_memory (the steady state
-    at its worst before recycles start) and the allowance."""
+    The limit: the rule `tfsupervisor check` and the daemon's start apply to the cgroup they
+    run in (supervisor/core/budget.py), with the pod's allowance for what runs beside the
+    workers: every worker at its kill_memory (the most the policy lets it hold), one
+    replacement of the largest beside them, the kill buffer and the allowance. The daemon
+    starts a replacement beside a worker only when it fits the limit it reads (else it
+    drains the worker first), so a limit sized so keeps recycles replacement-first and no
+    recycle meets the OOM killer. The request must hold every worker at max_memory (the
+    steady state at its worst before recycles start) and the allowance."""
     problems = []
-    bound = 0
     steady = 0
     for name, model in config.models.items():
         policy = model.policy
         if policy.kill_memory is None or policy.max_memory is None:
             problems.append(f"{name}: kill_memory and max_memory must be set in a pod")
             continue
-        bound += model.workers * policy.kill_memory * (2 if policy.surge else 1)
         steady += model.workers * policy.max_memory
     limit = quantity(resources["limits"]["memory"])
     request = quantity(resources["requests"]["memory"])
-    needed = bound * (1 + POLL_GROWTH) + SUPERVISOR_ALLOWANCE
-    if limit < needed:
-        problems.append(f"memory limit {limit / 2**20:.0f}MiB < {needed / 2**20:.0f}MiB")
+    budget = Budget()
+    budget.update(CgroupMemory(2, "/pod", limit, 0, 0), None)
+    problem = sizing_problem(config.models, budget, config.supervisor.min_available_memory,
+                             SUPERVISOR_ALLOWANCE)
+    if problem is not None:
+        problems.append(f"memory limit: {problem}")
     if request < steady + SUPERVISOR_ALLOWANCE:
         problems.append(f"memory request {request / 2**20:.0f}MiB < "
                         f"{(steady + SUPERVISOR_ALLOWANCE) / 2**20:.0f}MiB")

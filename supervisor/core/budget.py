@@ -36,6 +36,8 @@ MIB = 1024**2
 # The default kill buffer: this fraction of the limit, capped (see the module docstring).
 BUFFER_FRACTION = 0.05
 MAX_BUFFER = 512 * MIB
+# What the supervisor itself is allowed when a container is sized (it uses tens of MB).
+SUPERVISOR_SHARE = 64 * MIB
 
 
 @dataclass(frozen=True)
@@ -243,13 +245,13 @@ def still_loading(pool: Pool) -> int:
     return total
 
 
-def sizing_problem(models: Mapping[str, ModelConfig], budget: Budget,
-                   floor: int | None) -> str | None:
+def sizing_problem(models: Mapping[str, ModelConfig], budget: Budget, floor: int | None,
+                   allowance: int = SUPERVISOR_SHARE) -> str | None:
     """Why the configured workers cannot fit the limit the daemon can see (None when they
     do, or when there is no limit). Each worker counts at its hard limit (``kill_memory``,
     else ``max_memory``: the most a policy lets it hold), plus one replacement of the
-    largest and the kill buffer: what replacement-first recycling needs to never meet the
-    kernel's OOM killer."""
+    largest, the kill buffer and ``allowance`` for the supervisor itself: what a container
+    needs for recycles to start their replacement first and never meet the OOM killer."""
     limit = budget.limit
     if limit is None:
         return None
@@ -261,11 +263,12 @@ def sizing_problem(models: Mapping[str, ModelConfig], budget: Budget,
     need = sum(models[n].workers * (size or 0) for n, size in sizes.items())
     largest = max((size or 0 for size in sizes.values()), default=0)
     buffer = budget.buffer(floor)
-    total = need + largest + buffer
+    total = need + largest + buffer + allowance
     if total <= limit:
         return None
     return (f"the workers at their limits ({_mib(need)}: workers x kill_memory, else "
             f"max_memory) + one replacement ({_mib(largest)}) + the kill buffer "
-            f"({_mib(buffer)}) = {_mib(total)}, over the container's limit of {_mib(limit)}: "
+            f"({_mib(buffer)}) + the supervisor ({_mib(allowance)}) = {_mib(total)}, over "
+            f"the container's limit of {_mib(limit)}: "
             "recycles will drain a worker before its replacement starts, and a worker "
             "that reaches its limit may meet the kernel's OOM killer first")
