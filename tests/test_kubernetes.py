@@ -10,8 +10,8 @@
 - The ConfigMap's config.yaml is loaded with the daemon's own loader and passes `check`
   with the pod's volumes laid out as the kubelet mounts them (Secrets as symlinks).
 - The Deployment cannot drift from it: memory requests and limits against max_memory and
-  kill_memory x workers (one replacement included, the rule `check` applies), the grace period against the daemon's own
-  drain deadline, probes and preStop against the CLI and the config's endpoints, ports,
+  kill_memory x workers (one replacement included: the rule `check` applies), the grace
+  period against the daemon's own drain deadline, probes and preStop against the CLI and the config's endpoints, ports,
   selectors, and the KEDA triggers against the metrics the daemon exports.
 """
 
@@ -35,11 +35,11 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.cli.commands import build_parser
 from supervisor.cli.commands import main as cli_main
 from supervisor.config.keys import Config
 from supervisor.config.loading import load_config, parse_config
+from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.core.core import EXIT_MARGIN, Core
 from supervisor.core.lifecycle import STOP_GRACE
 from supervisor.daemon.metrics import Metrics

@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from supervisor.cli.argtypes import timeout_seconds, wait_seconds
+from supervisor.cli.outcome import REFUSALS, CliExit, is_unknown_model, no_such_model
 from supervisor.cli.render import render_explain, render_status
 from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import (
+    ControlEndpoints,
     config_reference,
     config_schema,
     control_endpoints,
@@ -51,6 +53,7 @@ def _load(path: str) -> Config:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from supervisor.cli.preflight import model_files_missing
     from supervisor.daemon.daemon import Daemon
     from supervisor.shared import logs
     from supervisor.shared.exitcodes import DaemonExit
@@ -68,6 +71,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return DaemonExit.CONFIG
     log_format = args.log_format or config.supervisor.log_format
     logs.configure(config.supervisor.log_level, log_format)
+    for finding in model_files_missing(config):
+        # Served anyway (the file may appear: its workers are retried with back-off), but
+        # said now rather than after each 15 s TensorFlow load that fails.
+        log.error("model_files_missing", setting=finding.where, error=finding.message,
+                  hint="its workers fail to load until the file is there, retried with "
+                  "back-off; `tfsupervisor check` lists what this host lacks")
     try:
         daemon = Daemon(config)
         daemon.log_format = log_format
@@ -103,12 +112,59 @@ def _control_endpoint(args: argparse.Namespace, admin: bool) -> str:
     if given:
         return str(given)
     found = _read_within(float(getattr(args, "timeout", 30.0)),
-                         partial(control_endpoints, args.config), args.config, admin)
+                         partial(_endpoints_of, args.config), args.config, admin)
     if found.problems:
         print(f"warning: {args.config} does not validate ({len(found.problems)} error(s); "
               f"`tfsupervisor check -c {args.config}`); reaching the running daemon anyway",
               file=sys.stderr)
     return found.admin if admin else found.control
+
+
+class CommandFailed(Exception):
+    """A command that cannot go on: main() prints ``error: message`` and exits ``status``."""
+
+    def __init__(self, status: CliExit, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _endpoints_of(path: str) -> ControlEndpoints:
+    """The config's endpoints, read leniently, but only from a file that is there: with
+    none, the defaults would name another directory's daemon (or the systemd one)."""
+    if not os.path.exists(path):
+        raise CommandFailed(CliExit.REFUSED, f"no such config file: {path} (give -c the file "
+                            "the supervisor runs from, or --control/--admin ENDPOINT)")
+    return control_endpoints(path)
+
+
+def _ask(endpoint: str, command: str, args: argparse.Namespace, **fields: Any) -> Any:
+    """A control command's result; CommandFailed with the status of its kind of failure.
+    A model the daemon does not serve is reported with those it does."""
+    from supervisor.client.client import JobError, NoReply, control
+
+    try:
+        return control(endpoint, command, timeout=args.timeout, **fields, **_curve_args(args))
+    except NoReply as exc:
+        raise CommandFailed(CliExit.UNREACHABLE, exc.message) from None
+    except JobError as exc:
+        model = fields.get("model")
+        if isinstance(model, str) and is_unknown_model(exc.message):
+            served = _served(endpoint, args)
+            message = no_such_model(model, served) if served is not None else exc.message
+            raise CommandFailed(CliExit.REFUSED, message) from None
+        raise CommandFailed(CliExit.FAILED, exc.message) from None
+
+
+def _served(endpoint: str, args: argparse.Namespace) -> list[str] | None:
+    """The models the daemon at ``endpoint`` serves (None if it cannot say)."""
+    from supervisor.client.client import JobError, control
+
+    try:
+        report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
+    except JobError:
+        return None
+    return [m for m, s in report.get("models", {}).items() if not s.get("removed")]
 
 
 T = TypeVar("T")
@@ -154,28 +210,48 @@ def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
     return rng.integers(0, 10, shape).astype(dtype)
 
 
+def _read_inputs(items: list[str]) -> dict[str, np.ndarray]:
+    """The --input NAME=FILE.npy arrays, each read before anything is sent."""
+    inputs: dict[str, np.ndarray] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise CommandFailed(CliExit.REFUSED, f"--input {item}: expected NAME=FILE.npy")
+        try:
+            inputs[name] = np.load(path, allow_pickle=False)
+        except OSError as exc:
+            raise CommandFailed(CliExit.REFUSED, f"--input {item}: cannot read {path}: "
+                                f"{exc.strerror or exc}") from None
+        except ValueError as exc:  # not a .npy file, or one holding Python objects
+            raise CommandFailed(CliExit.REFUSED, f"--input {item}: {path} is not a .npy "
+                                f"array file numpy can read without pickle: {exc}") from None
+    return inputs
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
-    from supervisor.client.client import Client, JobError
+    from supervisor.client.client import Client, JobError, NoReply
 
     config = _load(args.config)
-    inputs: dict[str, np.ndarray] = {}
+    inputs = _read_inputs(args.input)
     with Client(list(config.supervisor.endpoints), timeout=args.timeout,
                 **_curve_args(args)) as client:
         try:
+            served = client.models()
+            if args.model not in served:
+                raise CommandFailed(CliExit.REFUSED, no_such_model(args.model, served))
             if args.random:
-                model = client.models().get(args.model)
-                if model is None or model.get("inputs") is None:
-                    print(f"model '{args.model}' is not served or its inputs are not known "
-                          "yet (no worker ready)", file=sys.stderr)
-                    return 1
-                inputs = {s["name"]: _random_input(s, args.batch) for s in model["inputs"]}
-            for item in args.input:
-                name, _, path = item.partition("=")
-                inputs[name] = np.load(path, allow_pickle=False)
+                specs = served[args.model].get("inputs")
+                if specs is None:
+                    raise CommandFailed(CliExit.FAILED, f"the inputs of {args.model!r} are not "
+                                        "known yet: no worker of it has been ready (see "
+                                        "`tfsupervisor status`)")
+                inputs = {**{s["name"]: _random_input(s, args.batch) for s in specs}, **inputs}
             outputs = client.infer(args.model, inputs)
+        except NoReply as exc:
+            raise CommandFailed(CliExit.UNREACHABLE, exc.message) from None
         except JobError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            status = CliExit.REFUSED if exc.code in REFUSALS else CliExit.FAILED
+            raise CommandFailed(status, str(exc)) from None
     np.set_printoptions(threshold=50, edgeitems=4)
     for name, array in outputs.items():
         print(f"{name}: {array.dtype}{list(array.shape)}")
@@ -184,15 +260,17 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.client.client import JobError, control
+    from supervisor.client.client import JobError, NoReply, control
 
     endpoint = _control_endpoint(args, admin=False)
-    try:
-        report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
-    except JobError as exc:
-        # Under --ready one line too: what a probe's failure event shows.
-        print(f"not ready: {exc}" if args.ready else f"error: {exc}", file=sys.stderr)
-        return 2
+    if not args.ready:
+        report = _ask(endpoint, "status", args)
+    else:
+        try:
+            report = control(endpoint, "status", timeout=args.timeout, **_curve_args(args))
+        except JobError as exc:  # one line: what a probe's failure event shows
+            print(f"not ready: {exc}", file=sys.stderr)
+            return CliExit.UNREACHABLE if isinstance(exc, NoReply) else CliExit.FAILED
     if args.ready:  # a readiness probe: the exit code is the answer, and one line says why
         reason = not_ready_reason(report, args.model)
         if reason is None:
@@ -380,15 +458,8 @@ class QuitFlag:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from supervisor.client.client import JobError, control
-
     endpoint = _control_endpoint(args, admin=False)
-    try:
-        report = control(endpoint, "explain", timeout=args.timeout, model=args.model,
-                         **_curve_args(args))
-    except JobError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
+    report = _ask(endpoint, "explain", args, model=args.model)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -398,21 +469,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from supervisor.cli import tune
+    from supervisor.client.client import NoReply
 
     endpoint = None if args.history else _control_endpoint(args, admin=False)
-    return tune.run(args, endpoint, _curve_args(args))
+    try:
+        return tune.run(args, endpoint, _curve_args(args))
+    except NoReply as exc:
+        raise CommandFailed(CliExit.UNREACHABLE, exc.message) from None
 
 
 def cmd_recycle(args: argparse.Namespace) -> int:
-    from supervisor.client.client import JobError, control
-
     endpoint = _control_endpoint(args, admin=True)
-    try:
-        result = control(endpoint, "recycle", timeout=args.timeout,
-                         model=args.model, worker=args.worker, **_curve_args(args))
-    except JobError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
+    result = _ask(endpoint, "recycle", args, model=args.model, worker=args.worker)
     scheduled = result["scheduled"]
     print(f"recycling {', '.join(scheduled) or 'nothing'} (replacement first, then drain; "
           "watch with `tfsupervisor status`)")
@@ -420,19 +488,20 @@ def cmd_recycle(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from supervisor.client.client import JobError, control
-
     # The daemon reads and validates the file itself and answers with every error: a
     # rejected reload is then logged (config_rejected) and counted where operators look.
     endpoint = _control_endpoint(args, admin=True)
+    running = _running_file(endpoint, args)
     try:
-        result = control(endpoint, "reload", timeout=args.timeout, **_curve_args(args))
-    except JobError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 1
+        result = _ask(endpoint, "reload", args)
+    except CommandFailed as failed:
+        if failed.status is CliExit.FAILED and failed.message.startswith("config rejected"):
+            raise CommandFailed(CliExit.REFUSED, failed.message) from None
+        raise
     key_problems = result.pop("key_problems", [])
+    where = f" ({running})" if running else ""
     print("reloaded: " + (", ".join(f"{k} {', '.join(v)}" for k, v in result.items())
-                          or "no changes"))
+                          or "no changes") + where)
     for problem in key_problems:  # the readable keys apply; these were skipped
         print(f"warning: client key skipped: {problem}", file=sys.stderr)
     starting = [*result.get("added", []), *result.get("replaced", []),
@@ -444,6 +513,21 @@ def cmd_reload(args: argparse.Namespace) -> int:
     if args.wait is None:
         return 0
     return _wait_for_workers(endpoint, args)
+
+
+def _running_file(endpoint: str, args: argparse.Namespace) -> str | None:
+    """The file the daemon runs from (None when it does not say: an older daemon). A reload
+    re-reads that file, never the one -c names: when they differ, nothing is reloaded and
+    the command says which file to edit."""
+    running = _ask(endpoint, "status", args).get("config")
+    if not isinstance(running, str):
+        return None
+    if not args.admin and os.path.realpath(args.config) != os.path.realpath(running):
+        raise CommandFailed(CliExit.REFUSED, f"the supervisor at {endpoint} runs from "
+                            f"{running}, not {args.config}: a reload re-reads its own file. "
+                            f"Put the changes into {running} and reload, or restart the "
+                            f"supervisor with -c {args.config}; nothing was reloaded")
+    return running
 
 
 def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
@@ -646,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except CommandFailed as failed:
+        print(f"error: {failed.message}", file=sys.stderr)
+        return int(failed.status)
     except BrokenPipeError:
         # The reader went away (`tfsupervisor explain ... | head`): not a failure of the
         # command. Python would report the broken pipe again when it flushes stdout at

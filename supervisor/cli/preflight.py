@@ -56,6 +56,14 @@ def _memory_budget(config: Config) -> list[Finding]:
     return [Finding(False, "models", f"memory budget: {problem}")] if problem else []
 
 
+def model_files_missing(config: Config) -> list[Finding]:
+    """The models whose SavedModel directory or .keras file is not there: what `run` says
+    at start-up (a handler's module is looked up only by `check`: finding it may import
+    its parent packages)."""
+    return [f for name, model in config.models.items() if model.source[0] != "handler"
+            for f in _model(f"models.{name}", model, None) if f.error]
+
+
 def _model(where: str, model: ModelConfig, beside: Path | None) -> list[Finding]:
     kind, location = model.source
     if kind == "saved_model":

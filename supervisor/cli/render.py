@@ -168,9 +168,29 @@ def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
         jobs = probes.get("census_jobs")
         out.append("containers growing" + (f" (over {jobs:,} jobs)" if jobs else "") + ": "
                    + ", ".join(f"{n} {c:+,} items" for n, c in probes["containers"]))
-    if w.get("probe_cost_per_job") is not None:
-        out.append(f"probes cost {w['probe_cost_per_job'] * 1e6:.1f} us per job")
+    cost = _probe_cost(w)
+    if cost:
+        out.append(cost)
     return out
+
+
+# Below this many jobs a cost per job is mostly the probes' one-off readings at start (a
+# census of every object: ~100 ms in a TF worker) divided by a handful of jobs.
+COST_JOBS = 1000
+
+
+def _probe_cost(w: dict[str, Any]) -> str | None:
+    per_job = w.get("probe_cost_per_job")
+    if per_job is None:
+        return None
+    probes = w.get("probes") or {}
+    jobs = int(probes.get("jobs") or w.get("jobs") or 0)
+    if jobs >= COST_JOBS:
+        return f"probes cost {per_job * 1e6:.1f} us per job over {jobs:,} jobs"
+    total = probes.get("cost_seconds", per_job * jobs)
+    return (f"probes took {float(total) * 1e3:.1f} ms over its first {jobs:,} job(s), "
+            f"mostly one-off readings at start; a cost per job means something after "
+            f"{COST_JOBS:,} jobs")
 
 
 def _count(value: float | None) -> str:

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.cli.argtypes import timeout_seconds
+from supervisor.cli.outcome import is_unknown_model, no_such_model
 from supervisor.cli.tune_write import TuneError, current, prepared, same, shown, write
-from supervisor.config.keys import Config
+from supervisor.config.keys import Config, ModelConfig
 from supervisor.config.loading import load_config
 from supervisor.config.settings import ConfigErrors
-from supervisor.config.units import parse_duration
+from supervisor.config.units import format_duration, parse_duration
 from supervisor.core.tuning import (
     Finding,
     HistoryError,
@@ -101,8 +102,7 @@ def _run(args: argparse.Namespace, endpoint: str | None, curve: dict[str, Any]) 
         raise TuneError(f"{args.config}: {len(errors.errors)} error(s):\n  " +
                         "\n  ".join(str(e) for e in errors.errors)) from None
     if args.model is not None and args.model not in config.models:
-        raise TuneError(f"no model named {args.model!r} in {args.config} (models: "
-                        f"{', '.join(sorted(config.models))})")
+        raise TuneError(no_such_model(args.model, config.models, f" in {args.config}"))
     if args.save:
         check_save(Path(args.save), Path(args.config), args.overwrite)
     if args.history:
@@ -140,7 +140,7 @@ def fetch(endpoint: str, models: list[str], timeout: float,
           curve: dict[str, Any]) -> dict[str, Any]:
     """The daemon's record, asked model by model (each answer stays well within a control
     reply's bounds); a model the daemon does not serve (yet) is left out."""
-    from supervisor.client.client import JobError, control
+    from supervisor.client.client import JobError, NoReply, control
     from supervisor.shared.protocol import INTERNAL_HOP
 
     merged: dict[str, Any] | None = None
@@ -148,8 +148,10 @@ def fetch(endpoint: str, models: list[str], timeout: float,
         try:
             result = control(endpoint, "tune", timeout=timeout, model=model,
                              limits=INTERNAL_HOP, **curve)
+        except NoReply:
+            raise  # no daemon there: the command's UNREACHABLE status, not a tuning error
         except JobError as exc:
-            if exc.message.startswith("no model named") and len(models) > 1:
+            if is_unknown_model(exc.message) and len(models) > 1:
                 continue
             raise TuneError(exc.message) from None
         if not isinstance(result, dict) or not isinstance(result.get("models"), dict):
@@ -249,6 +251,9 @@ def render(tunings: list[ModelTuning], config: Config, source: str, recorded: Re
         notes = [f for f in tuning.findings if f.path == ("note",)]
         for note in notes:
             lines += _comment(note.evidence, 4)
+        short = short_record(tuning, recorded)
+        if short:
+            lines += _comment(short, 4)
         sections: dict[tuple[str, ...], list[Finding]] = {}
         for finding in tuning.findings:
             if finding.path != ("note",):
@@ -265,6 +270,7 @@ def render(tunings: list[ModelTuning], config: Config, source: str, recorded: Re
                                       indent)
                     continue
                 tail = "" if f.write else " [review: not written by --write]"
+                tail = warmup_growth(model, f) + tail
                 unchanged = " (unchanged)" if same(f.path, f.value, now) else \
                     f" (now: {shown(f.path, now)})"
                 lines += _comment(f.evidence + unchanged + tail, indent)
@@ -273,6 +279,42 @@ def render(tunings: list[ModelTuning], config: Config, source: str, recorded: Re
                 prefix = "" if f.write else "# "
                 lines.append(" " * indent + f"{prefix}{key}: {value}")
     return "\n".join(lines)
+
+
+# A record shorter than this has not seen a day's drift: limits taken from it are tight.
+SHORT_RECORD = 3600.0
+
+
+def short_record(tuning: ModelTuning, recorded: Recorded) -> str | None:
+    """A note when policy values come from a short record: a warm-up of 0 jobs and trend
+    limits at their floor read as findings, where they say only that little was seen."""
+    if not any(f.path[0] == "policy" and f.value is not None for f in tuning.findings):
+        return None
+    history = recorded.models.get(tuning.model)
+    watched = max((w.life[-1].t - w.ready_at for w in history.workers if w.life),
+                  default=0.0) if history else 0.0
+    if watched >= SHORT_RECORD:
+        return None
+    return (f"NOTE: a short record: its longest-watched worker served "
+            f"{format_duration(max(watched, 0.0))} after ready. The warm-up, max_memory and "
+            "trend limits below come from that much traffic: a warm-up of 0 jobs means the "
+            "workers were level from their first job, a trend limit at its floor that little "
+            "growth was seen. Tune again after a day of traffic (--since 24h)")
+
+
+def warmup_growth(model: ModelConfig, finding: Finding) -> str:
+    """For more padding sizes: how many shapes each worker then warms before it is ready
+    (warmup_batch_sizes x every combination of sizes), against today."""
+    if finding.path[0] != "padding" or not isinstance(finding.value, list):
+        return ""
+    sizes = {name: len(dim.sizes) for name, dim in model.padding.items()}
+    now = len(model.warmup_batch_sizes) * math.prod(sizes.values())
+    sizes[finding.path[1]] = len(finding.value)
+    then = len(model.warmup_batch_sizes) * math.prod(sizes.values())
+    if then <= now:
+        return ""
+    return (f"; the warm-up grows from {now} to {then} shapes ({then / now:.1f}x): each "
+            "worker takes about that much longer to become ready")
 
 
 def _comment(text: str, indent: int) -> list[str]:

@@ -277,7 +277,7 @@ class Core:
         state.outputs = outputs if outputs is not None else state.outputs
         state.serving_dims = worker.pad_dims
         log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
-                 warmup_seconds=worker.warmup_seconds)
+                 warmup_seconds=worker.warmup_seconds, **padding_checked(worker, inputs))
         # Judged before its first job: a fresh worker over max_memory never takes one.
         self.outbox.append(SampleNow((worker.id,)))
 
@@ -490,3 +490,14 @@ def _specs(raw: object, field: str) -> list[TensorSpec] | None:
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
     return None if specs is None else [s.to_wire() for s in specs]
+
+
+def padding_checked(worker: WorkerHandle, inputs: object) -> dict[str, list[str]]:
+    """The padded dimensions this ready worker proved harmless at load (a worker whose
+    check fails never turns ready; one without declared inputs cannot run it), for its
+    worker_ready event: a check that passed leaves a trace in the log."""
+    if inputs is None:
+        return {}
+    checked = [d.name for d in worker.pad_dims if d.pads and d.verify
+               and len(d.sizes) < d.sizes[-1]]  # else every length is a size: never padded
+    return {"padding_checked": checked} if checked else {}

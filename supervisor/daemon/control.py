@@ -3,6 +3,7 @@ on the admin endpoint only."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -151,7 +152,9 @@ class Controller:
         return {"serving": self.serving(), "ready": self.ready(),
                 "stopping": self.core.shutdown_started is not None, "models": models,
                 "memory_budget": self.core.budget.snapshot(
-                    self.core.config.supervisor.min_available_memory)}
+                    self.core.config.supervisor.min_available_memory),
+                # the file a reload re-reads (`reload -c` another file names it)
+                "config": _config_file(self.core.config.path)}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))
@@ -204,3 +207,8 @@ def _ago(event: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
     return {**{k: v for k, v in event.items() if k != "at"},
             "seconds_ago": round(now - event["at"], 1)}
 
+
+def _config_file(path: os.PathLike[str] | None) -> str | None:
+    """The config file's absolute path (None: started without one); abspath, not resolve:
+    nothing on the loop touches the file system without a deadline."""
+    return os.path.abspath(path) if path is not None else None
