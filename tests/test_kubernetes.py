@@ -11,8 +11,9 @@
   with the pod's volumes laid out as the kubelet mounts them (Secrets as symlinks).
 - The Deployment cannot drift from it: memory requests and limits against max_memory and
   kill_memory x workers (one replacement included: the rule `check` applies), the grace
-  period against the daemon's own drain deadline, probes and preStop against the CLI and the config's endpoints, ports,
-  selectors, and the KEDA triggers against the metrics the daemon exports.
+  period against the daemon's own drain deadline, probes and preStop against the CLI and
+  the config's endpoints, ports, selectors, and the KEDA triggers against the metrics the
+  daemon exports.
 """
 
 from __future__ import annotations
