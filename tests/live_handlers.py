@@ -3,6 +3,7 @@ repository root). Each reproduces one way a handler once broke a promise."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -128,3 +129,21 @@ class Orphans(Echo):
 
 def orphans(options: dict[str, Any]) -> Orphans:
     return Orphans(options)
+
+
+class Gated(Echo):
+    """Holds a row marked ``marker`` until the file ``release`` exists (at most a minute):
+    a job that stays in flight exactly as long as a test needs, whatever the machine's
+    speed, where a fixed sleep raced the test's own commands on a loaded machine."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        self.marker = float(options["marker"])
+        self.release = options["release"]
+
+    def respond(self, inputs: Arrays) -> Arrays:
+        if float(inputs["x"].ravel()[0]) == self.marker:
+            deadline = time.monotonic() + 60.0
+            while not os.path.exists(self.release) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().respond(inputs)

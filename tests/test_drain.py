@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 
 from supervisor.client import JobError, resolve_endpoints
+from supervisor.testing import short_tmpdir
 from tests.conftest import echo_model
 
 CLI = [sys.executable, "-m", "supervisor"]
@@ -77,8 +79,11 @@ def test_ready_per_model(supervisor_factory: Any) -> None:
 
 def test_drain_answers_the_job_in_flight_then_lets_the_kubelets_sigterm_end_it(
         supervisor_factory: Any) -> None:
-    sup = supervisor_factory({"models": {"m": echo_model(1, sleep_on=SLOW, sleep_seconds=3.0)},
-                              "supervisor": {"shutdown_timeout": "30s"}})
+    release = short_tmpdir() / "release"  # the job in flight ends when this file exists
+    sup = supervisor_factory({"models": {"m": {
+        "handler": "tests.live_handlers:Gated", "workers": 1,
+        "options": {"marker": SLOW, "release": str(release)}}},
+        "supervisor": {"shutdown_timeout": "30s"}})
     config = str(sup.config_path)
     result: dict[str, Any] = {}
 
@@ -103,11 +108,14 @@ def test_drain_answers_the_job_in_flight_then_lets_the_kubelets_sigterm_end_it(
         with sup.client(timeout=30) as client, pytest.raises(JobError) as refused:
             client.infer("m", {"x": np.ones((1, 4), np.float32)})
         assert refused.value.code == "shutting_down"  # a failover client goes elsewhere
+        release.touch()
         out, _ = drain.communicate(timeout=60)
     finally:
+        release.touch()
         if drain.poll() is None:
             drain.kill()
         job.join(60)
+        shutil.rmtree(release.parent, ignore_errors=True)
     finished = time.monotonic()
     assert drain.returncode == 0, out
     assert result["x"].tolist() == [[SLOW] * 4]  # the job in flight was answered
