@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli.render import render_status
+from supervisor.cli.render import render_explain, render_status
 from supervisor.config.loading import parse_config
 from supervisor.core.budget import (
     MAX_BUFFER,
@@ -282,10 +282,17 @@ def test_kernel_oom_kill_is_named_with_the_figures() -> None:
     assert state.exits == {ExitCause.OOM_KILLED: 1}
     w.exit("a-2", -9)  # no kill counted for this one: someone else's SIGKILL
     assert state.exits == {ExitCause.OOM_KILLED: 1, ExitCause.KILLED_EXTERNALLY: 1}
-    report = Controller(w.core, lambda answer: None, lambda: True, lambda: True).status(w.now)
+    controller = Controller(w.core, lambda answer: None, lambda: True, lambda: True)
+    report = controller.status(w.now)
     assert report["memory_budget"]["oom_kills"] == 1
     text = render_status(report)
     assert "kernel OOM kills since start: 1" in text and "limit 3.0GiB" in text
+    assert "LAST UNEXPECTED EXIT: killed_externally" in text  # the latest one
+    state.last_unexpected_exit = {**(state.last_unexpected_exit or {}), "cause": "oom_killed",
+                                  "worker": "a-1"}
+    explained = controller.explain("a")["result"]
+    assert "a-1 killed by the kernel's OOM killer at the container's limit (3.0GiB, 1 OOM " \
+        "kill(s) since start)" in render_explain(explained)
 
 
 def test_memory_pressure_is_the_containers() -> None:

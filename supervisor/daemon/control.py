@@ -86,7 +86,12 @@ class Controller:
                                        "memory_metric": policy.memory_metric,
                                        "last_recycle": state.last_recycle and
                                        {k: v for k, v in state.last_recycle.items()
-                                        if k != "at"}}}
+                                        if k != "at"},
+                                       "last_unexpected_exit": state.last_unexpected_exit and
+                                       {k: v for k, v in state.last_unexpected_exit.items()
+                                        if k != "at"},
+                                       "memory_budget": self.core.budget.snapshot(
+                                           self.core.config.supervisor.min_available_memory)}}
 
     def tune(self, model: object, now: float) -> dict[str, Any]:
         """What `tfsupervisor tune` derives a policy from (read-only, fixed size per model):
