@@ -1,0 +1,123 @@
+"""Leaking workers under load in a memory cgroup too small for them all plus a replacement.
+
+The issue's operator trial, for minutes instead of seconds: one model of three workers that
+leak 64 KiB a job, four clients, a cgroup v1 limit of 300 MiB (needs root and
+/sys/fs/cgroup/memory). Counted: jobs answered and failed, kernel OOM kills (the cgroup's
+counter), recycles by reason, recycles that started their replacement first and those that
+drained first, the cgroup's peak usage against its limit.
+
+``--code DIR`` runs the supervisor from another checkout as well (e.g. a worktree of an
+earlier commit), one after the other in fresh cgroups, so that before and after are in one
+results file.
+
+    python -m bench.container_budget [--minutes 3] [--code ../old-checkout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import write
+from supervisor.client import Client, JobError
+from tests.test_container_budget import memory_cgroup, oom_kills, read, wrapper
+
+MIB = 1024**2
+LIMIT = 300 * MIB
+CLIENTS = 4
+CONFIG: dict[str, Any] = {
+    "supervisor": {"poll_interval": "0.1s"},
+    "models": {"m": {"handler": "worker.handlers:leak", "workers": 3,
+                     "options": {"bytes_per_job": 64 * 1024, "delay": 0.005},
+                     "policy": {"max_memory": "120MiB", "kill_memory": "160MiB",
+                                "min_lifetime": 0, "max_attempts": 1}}}}
+
+
+def run(code: Path, minutes: float) -> dict[str, Any]:
+    from supervisor.testing import start_supervisor
+
+    with memory_cgroup(LIMIT) as cgroup:
+        cwd = os.getcwd()
+        os.chdir(code)  # `python -m supervisor` imports the checkout it runs in
+        try:
+            sup = start_supervisor(CONFIG, wrapper=wrapper(cgroup),
+                                   env={"PYTHONPATH": str(code)})
+        finally:
+            os.chdir(cwd)
+        try:
+            sup.wait_ready(120)
+            answered, failed = [0], [0]
+            stop = threading.Event()
+
+            def load() -> None:
+                with Client(sup.endpoint, timeout=30.0) as client:
+                    while not stop.is_set():
+                        try:
+                            client.infer("m", {"x": np.ones((1, 4), np.float32)})
+                            answered[0] += 1
+                        except JobError:
+                            failed[0] += 1
+
+            threads = [threading.Thread(target=load) for _ in range(CLIENTS)]
+            started = time.monotonic()
+            for thread in threads:
+                thread.start()
+            time.sleep(minutes * 60)  # a bench measures a duration; no test waits on this
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+            seconds = time.monotonic() - started
+            status = sup.status()
+            events = [json.loads(line) for line in sup.log().splitlines()
+                      if line.startswith("{")]
+        finally:
+            sup.stop()
+        recycles = [e for e in events if e.get("event") == "worker_recycling"]
+        return {
+            "code": str(code), "seconds": round(seconds), "answered": answered[0],
+            "failed": failed[0], "kernel_oom_kills": oom_kills(cgroup),
+            "peak_mib": round(read(cgroup, "memory.max_usage_in_bytes") / MIB, 1),
+            "limit_mib": LIMIT // MIB,
+            "recycles": status["models"]["m"]["recycles"],
+            "exits": status["models"]["m"]["exits"],
+            "replacement_first": sum(1 for e in recycles if e.get("replacement_first")),
+            "drained_first": sum(1 for e in recycles if "room" in e
+                                 and not e["replacement_first"]),
+            "drained_early_for_room": sum(1 for e in events
+                                          if e.get("event") == "worker_draining_first"),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--code", type=Path, action="append", default=[],
+                        help="another checkout to run the supervisor from (repeatable)")
+    args = parser.parse_args()
+    here = Path(__file__).resolve().parent.parent
+    runs = [run(path.resolve(), args.minutes) for path in [*args.code, here]]
+    table = [["code", "seconds", "answered", "failed", "kernel OOM kills", "peak / limit MiB",
+              "recycles", "replacement first", "drained first (no room)",
+              "drained early (pressure)"]]
+    for r in runs:
+        table.append([Path(r["code"]).name, r["seconds"], r["answered"], r["failed"],
+                      r["kernel_oom_kills"], f"{r['peak_mib']} / {r['limit_mib']}",
+                      ", ".join(f"{k}={v}" for k, v in sorted(r["recycles"].items())),
+                      r["replacement_first"], r["drained_first"],
+                      r["drained_early_for_room"]])
+    path = write("container_budget", {"runs": runs, "config": CONFIG, "clients": CLIENTS},
+                 table, notes="Three leaking workers (64 KiB a job) under four clients in a "
+                 "300 MiB cgroup v1 limit; max_memory 120 MiB each.")
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
