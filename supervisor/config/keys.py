@@ -414,8 +414,8 @@ class SupervisorSection:
         Optional(Size()), None, "Host pressure: below this much available memory, the "
         "fastest-growing worker is recycled, one at a time.")
     metrics: str | None = setting(
-        Optional(Str()), None, "Prometheus /metrics listen address, e.g. 127.0.0.1:9464 "
-        "(off when null).")
+        Optional(Str()), None, "Listen address of Prometheus /metrics and the /livez and "
+        "/readyz probes, e.g. 127.0.0.1:9464 (off when null).")
     ready_min_workers: int | None = setting(
         Optional(Int(1)), None, "Ready workers each model needs before the daemon reports "
         "ready (systemd READY=1, status --ready); null: all configured workers.")

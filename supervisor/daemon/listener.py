@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -40,6 +40,13 @@ class _Server(ThreadingMixIn, WSGIServer):
         self.address_family = family
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Quiet)
+
+    def server_bind(self) -> None:
+        """As HTTPServer's, without its reverse DNS lookup of the address (socket.getfqdn):
+        a start never waits on a resolver that does not answer."""
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+        self.setup_environ()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
