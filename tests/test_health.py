@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 
 from supervisor.client import JobError, control
 from supervisor.daemon.health import LIVENESS_TIMEOUT, MAX_MODELS, Health, not_ready_reason
-from supervisor.daemon.listener import MAX_CONNECTIONS
+from supervisor.daemon.listener import BURST, MAX_CONNECTIONS, RATE, Pace
 from tests.conftest import echo_model, start_supervisor
 from tests.test_container import DOCKERFILE, exec_form, stages, wait_until
 
@@ -102,6 +103,29 @@ def test_answers_from_what_the_loop_published() -> None:
 def test_a_bad_query_is_told_in_one_short_line(path: str, query: str, told: str) -> None:
     code, body = Health(0.0, lambda: 0.0).answer(path, query)
     assert code == 400 and told in body and "\n" not in body and len(body) < 200, body
+
+
+def test_the_pace_lets_a_burst_through_then_one_request_per_tick() -> None:
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    pace = Pace(10.0, 3, lambda: clock[0], sleep)
+    for _ in range(3):
+        pace.take()
+    assert slept == []  # the burst
+    for _ in range(5):
+        pace.take()
+    assert slept == pytest.approx([0.1] * 5) and clock[0] == pytest.approx(0.5)
+    clock[0] += 10.0  # quiet for a while: the bucket fills up to the burst, no further
+    for _ in range(3):
+        pace.take()
+    assert len(slept) == 5
+    pace.take()
+    assert slept[-1] == pytest.approx(0.1)
 
 
 # --- a live daemon over HTTP -------------------------------------------------------------------
@@ -256,15 +280,19 @@ def test_a_flood_of_probes_and_idle_connections_leave_the_loop_alone() -> None:
         for conn in held:
             conn.close()
         wait_until(lambda: get(port, "/livez")[0] == 200, 30, "slots given back")
-        # A flood from 32 threads while jobs run: the jobs are answered and the loop keeps
-        # turning (its published turn never falls behind the bound).
+        # A flood from 32 threads while jobs run: the jobs are answered, the loop keeps
+        # turning, and the listener answers no more than its pace allows, however fast the
+        # requests come (those it has not accepted wait in the kernel, or fail).
         stop = threading.Event()
         codes: dict[int, int] = {}
+        counting = threading.Lock()
+        started = time.monotonic()
 
         def flood() -> None:
             while not stop.is_set():
                 code, _ = get(port, "/readyz?model=m", timeout=30)
-                codes[code] = codes.get(code, 0) + 1
+                with counting:
+                    codes[code] = codes.get(code, 0) + 1
 
         threads = [threading.Thread(target=flood) for _ in range(32)]
         for t in threads:
@@ -279,7 +307,9 @@ def test_a_flood_of_probes_and_idle_connections_leave_the_loop_alone() -> None:
             stop.set()
             for t in threads:
                 t.join(60)
+        elapsed = time.monotonic() - started
         assert codes.get(200, 0) > 0 and set(codes) <= {200, 0}, codes
+        assert codes[200] <= BURST + MAX_CONNECTIONS + RATE * elapsed, (codes, elapsed)
         assert get(port, "/livez") == (200, "alive\n")
     finally:
         sup.stop()

@@ -2,17 +2,24 @@
 for probes (their answers: daemon/health.py), nothing else.
 
 It runs on threads of its own and never calls into the main loop: a scrape reads the
-snapshot the loop published, a probe the times and report it published. Each request gets
-a thread, so one slow client does not hold up the others, but only MAX_CONNECTIONS at once:
-a connection over that bound is closed unanswered at once (the probe that made it fails,
-and the daemon's memory and threads stay bounded), and a client that sends nothing holds
-its thread REQUEST_TIMEOUT at most.
+snapshot the loop published, a probe the times and report it published. It still shares
+the process (its CPU and the GIL) with the loop, so what it may take is bounded:
+
+- RATE requests a second (BURST at once): past that the listener stops accepting until its
+  next turn, and the connections wait in the kernel's listen backlog (beyond it, the kernel
+  drops them until there is room): a flood costs the daemon nothing more, and the probes
+  caught in it are late or fail instead of the jobs slowing down. The kubelet probes a pod
+  about once a second at most, Prometheus scrapes it every few seconds.
+- MAX_CONNECTIONS at once, one thread each, so one slow client does not hold up the others;
+  a connection over that bound is closed unanswered at once, and a client that sends
+  nothing holds its thread REQUEST_TIMEOUT at most.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
@@ -22,8 +29,31 @@ from supervisor.daemon.health import PATHS, Health
 
 App = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
+RATE = 20.0  # requests accepted a second, at most (a /readyz answer costs about 1 ms of CPU)
+BURST = 20
 MAX_CONNECTIONS = 16
 REQUEST_TIMEOUT = 5.0  # seconds a connection may take to send its request and read the answer
+
+
+class Pace:
+    """A token bucket: take() returns at once while there are tokens (BURST at most, RATE
+    more a second) and otherwise sleeps until the next one. One thread calls it."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.rate, self.burst, self.clock, self.sleep = rate, burst, clock, sleep
+        self.tokens = float(burst)
+        self.at = clock()
+
+    def take(self) -> None:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            wait = (1 - self.tokens) / self.rate
+            self.sleep(wait)
+            self.tokens, self.at = 1.0, now + wait
+        self.tokens -= 1
 
 
 class _Quiet(WSGIRequestHandler):
@@ -39,7 +69,14 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
         self.address_family = family
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.pace = Pace(RATE, BURST)
         super().__init__(address, _Quiet)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """The next connection, no sooner than the pace allows (serve_forever's thread only:
+        asleep here, it holds no GIL and accepts nothing)."""
+        self.pace.take()
+        return super().get_request()
 
     def server_bind(self) -> None:
         """As HTTPServer's, without its reverse DNS lookup of the address (socket.getfqdn):
