@@ -1,5 +1,6 @@
 """What the outside sees of the daemon: readiness and the watchdog (systemd), the STATUS=
-line, startup progress, Prometheus metrics and the job-error summary."""
+line, startup progress, Prometheus metrics, the HTTP probes' health (daemon/health.py) and
+the job-error summary."""
 
 from __future__ import annotations
 
