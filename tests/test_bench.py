@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import footprint, probe_cost, roundtrip, throughput
+from bench import footprint, health_checks, probe_cost, roundtrip, throughput
 
 
 def _written(out: Path, name: str) -> dict[str, object]:
@@ -34,6 +34,12 @@ def test_footprint_smoke(tmp_path: Path) -> None:
     footprint.run(2.0, 1.0, tmp_path)
     result = _written(tmp_path, "footprint")
     assert int(str(result["jobs"])) > 0
+
+
+def test_health_checks_smoke(tmp_path: Path) -> None:
+    health_checks.run(1, 5, tmp_path)
+    result = _written(tmp_path, "health_checks")
+    assert float(str(result["exec_probe_peak_rss_mb"])) > 0
 
 
 def test_probe_cost_smoke(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 - The Dockerfile is read for what the image must be: multi-stage on a slim Python base, TF
   CPU by default and a build argument for the GPU wheel, a non-root user, STOPSIGNAL
   SIGTERM, `tfsupervisor run` as the entrypoint reading the mounted config, and a
-  HEALTHCHECK that is a real CLI command on the status socket the manifests' config names.
+  HEALTHCHECK that GETs /readyz on the metrics port the manifests' config names (bash, no
+  Python start-up).
   Every file it copies exists and is not excluded by .dockerignore.
 - The daemon as a container's PID 1, in a PID namespace of its own (`unshare --pid --fork
   --mount-proc`, as root; with a user namespace otherwise): an orphaned grandchild of a
@@ -123,16 +124,25 @@ def test_the_dockerfile_builds_the_image_the_manifests_expect() -> None:
     assert args.command == "run" and args.config == f"{config_mount(pod)}/config.yaml"
     k8s = build_parser().parse_args([*entrypoint[1:], *container(pod)["args"]])
     assert k8s.command == "run" and k8s.config == args.config
-    # The health check is a real CLI command, on the status socket the config names.
-    (health,) = [r for w, r in runtime if w == "HEALTHCHECK"]
-    probe = exec_form(health.partition(" CMD ")[2])
-    assert probe[0] == "tfsupervisor"
-    parsed = build_parser().parse_args(probe[1:])
-    assert parsed.command == "status" and parsed.ready
-    assert parsed.control == config_of(pod).supervisor.control
+    # The health check starts no Python: GET /readyz on the metrics port the config names
+    # (tests/test_health.py runs it against a live daemon).
+    assert healthcheck_port(runtime) == int(config_of(pod).supervisor.metrics.rpartition(":")[2])
     exposed = {int(p) for w, r in runtime if w == "EXPOSE" for p in r.split()}
     assert exposed == {p["containerPort"] for p in container(pod)["ports"]}
     assert "HEALTHCHECK" in runtime_words
+
+
+def healthcheck_port(runtime: list[tuple[str, str]]) -> int:
+    """The port the HEALTHCHECK asks: bash's /dev/tcp to 127.0.0.1, GET /readyz, healthy on a
+    200 status line; no Python start-up, no curl or wget (the slim base has neither)."""
+    (health,) = [r for w, r in runtime if w == "HEALTHCHECK"]
+    command = exec_form(health.partition(" CMD ")[2])
+    assert command[:2] == ["bash", "-c"], command
+    found = re.fullmatch(r"exec 3<>/dev/tcp/127\.0\.0\.1/(\d+) && printf 'GET /readyz "
+                         r"HTTP/1\.0\\r\\n\\r\\n' >&3 && read -r -t \d+ _ code _ <&3 && "
+                         r'\[ "\$code" = 200 \]', command[2])
+    assert found, command[2]
+    return int(found[1])
 
 
 def gpu_build_extras() -> list[tuple[str, str]]:
@@ -336,8 +346,8 @@ def test_the_documented_docker_run_serves_the_demo_config(
     """deploy/docker/demo.yaml, as `docker run` mounts it: the daemon's loader and `check`
     accept it with the image's paths laid out (the demo model where the Dockerfile builds it,
     the runtime directory it creates), its endpoint is a port the image exposes and the
-    command publishes on the host's loopback only, and the HEALTHCHECK asks its status
-    socket. (The repository's config.yaml, which the docs mounted before, names a model
+    command publishes on the host's loopback only, and the HEALTHCHECK asks its metrics
+    port. (The repository's config.yaml, which the docs mounted before, names a model
     relative to itself and ipc endpoints that no published port reaches.)"""
     from supervisor.cli.commands import main as cli_main
     from supervisor.config.loading import load_config, parse_config
@@ -359,13 +369,12 @@ def test_the_documented_docker_run_serves_the_demo_config(
     assert port in exposed and f"127.0.0.1:{port}:{port}" in published
     assert sup.metrics and int(sup.metrics.rpartition(":")[2]) in exposed
     # The runtime directory is the one the image creates for its user, and the health check
-    # asks the status socket there.
+    # asks the metrics port, on an address 127.0.0.1 reaches.
     assert str(config.runtime_dir) == "/run/tfsupervisor"
     (make_dirs,) = [r for w, r in runtime if w == "RUN" and "mkdir" in r]
     assert f"chown tfsupervisor:tfsupervisor {config.runtime_dir}" in make_dirs
-    (health,) = [r for w, r in runtime if w == "HEALTHCHECK"]
-    probe = build_parser().parse_args(exec_form(health.partition(" CMD ")[2])[1:])
-    assert probe.control == sup.control
+    assert sup.metrics and healthcheck_port(runtime) == int(sup.metrics.rpartition(":")[2])
+    assert sup.metrics.rpartition(":")[0] in ("0.0.0.0", "127.0.0.1")  # 127.0.0.1 reaches it
     # The model is the one the image builds.
     for model in config.models.values():
         assert model.saved_model == "/opt/tfsupervisor/models/demo"

@@ -11,9 +11,9 @@
   with the pod's volumes laid out as the kubelet mounts them (Secrets as symlinks).
 - The Deployment cannot drift from it: memory requests and limits against max_memory and
   kill_memory x workers (one replacement included: the rule `check` applies), the grace
-  period against the daemon's own drain deadline, probes and preStop against the CLI and
-  the config's endpoints, ports, selectors, and the KEDA triggers against the metrics the
-  daemon exports.
+  period against the daemon's own drain deadline, probes (httpGet on the metrics port)
+  against the daemon's answers, preStop against the CLI, the config's endpoints, ports,
+  selectors, and the KEDA triggers against the metrics the daemon exports.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import jsonschema
 import kubernetes_validate
@@ -43,6 +44,7 @@ from supervisor.config.loading import load_config, parse_config
 from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.core.core import EXIT_MARGIN, Core
 from supervisor.core.lifecycle import STOP_GRACE
+from supervisor.daemon.health import Health
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.security import keygen, read_clients
 from supervisor.shared.certificates import load_certificate
@@ -54,9 +56,10 @@ VARIANTS = {"base": DEPLOY / "base", "gpu": DEPLOY / "overlays" / "gpu"}
 # The Kubernetes versions the manifests are checked against: the oldest we claim (policy/v1
 # PDBs, no beta APIs) and the newest kubernetes-validate knows.
 KUBERNETES = ("1.29", kubernetes_validate.utils.latest_version())
-# What the container needs besides its workers: the supervisor (tens of MB), the probes'
-# and preStop's `tfsupervisor` processes (~60 MB each, up to three at once) and the
-# in-memory emptyDir of the sockets (16 MiB at most).
+# What the container needs besides its workers: the supervisor (tens of MB), the preStop
+# hook's `tfsupervisor drain` and an operator's `kubectl exec ... tfsupervisor` (~60 MB
+# each; the probes are HTTP and start nothing) and the in-memory emptyDir of the sockets
+# (16 MiB at most).
 SUPERVISOR_ALLOWANCE = 384 * 1024**2
 # Time for the preStop's own `tfsupervisor drain` to start and poll, on a busy node.
 PRESTOP_MARGIN = 10.0
@@ -479,29 +482,50 @@ def test_the_grace_period_covers_the_drain(variant: str) -> None:
     assert one(objects, "Deployment")["spec"]["minReadySeconds"] >= RESOLVE_EVERY + 5
 
 
-def probe(objects: list[dict[str, Any]], kind: str) -> tuple[dict[str, Any], Any]:
+def probe(objects: list[dict[str, Any]], kind: str) -> tuple[dict[str, Any], int, str, str]:
+    """(the probe, the container port it asks, its path, its query): an httpGet, never a
+    process started in the container."""
     spec = container(objects)[kind]
-    command = spec["exec"]["command"]
-    assert command[0] == "tfsupervisor", command
-    return spec, build_parser().parse_args(command[1:])  # a real CLI command and flags
+    assert not {"exec", "grpc", "tcpSocket"} & set(spec), (kind, spec)
+    get = spec["httpGet"]
+    assert get.get("scheme", "HTTP") == "HTTP" and "host" not in get, get  # the pod's own IP
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    port = ports[get["port"]] if isinstance(get["port"], str) else get["port"]
+    path, _, query = get["path"].partition("?")
+    return spec, port, path, query
 
 
 def test_probes_ask_the_daemon_itself(variant: str) -> None:
+    """Every probe is an httpGet on the port supervisor.metrics listens on, on an address
+    the kubelet reaches (the pod's IP, not loopback), at a path the daemon answers as the
+    probe means it."""
     objects = rendered(variant)
     config = config_of(objects)
     required = sorted(m for m, c in config.models.items() if c.required)
+    assert config.supervisor.metrics
+    host, _, port = config.supervisor.metrics.rpartition(":")
+    assert host in ("0.0.0.0", "[::]"), host  # a probe comes from the node, to the pod's IP
+    health = Health(0.0, lambda: 0.0)
+    health.publish({"serving": True, "ready": True, "stopping": False, "models": {
+        m: {"required": c.required, "workers": [{"state": "ready"}]}
+        for m, c in config.models.items()}})
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        spec, args = probe(objects, kind)
-        assert args.command == "status" and args.control == config.supervisor.control, kind
-        # kubelet's exec timeout leaves the CLI its own timeout plus its start-up.
-        assert spec["timeoutSeconds"] >= args.timeout + 2, kind
+        spec, probed, path, query = probe(objects, kind)
+        assert probed == int(port), kind
+        assert health.answer(path, query) == (200, "alive" if path == "/livez" else "ready")
+        assert 1 <= spec["timeoutSeconds"] < spec["periodSeconds"], kind
         if kind == "livenessProbe":
-            assert not args.ready  # alive: the loop answers, whatever the models do
-            # A wedged loop is restarted within a minute; a busy one is not.
+            assert (path, query) == ("/livez", "")  # alive: the loop turns, whatever the models do
+            # A wedged loop is restarted within a minute of /livez failing; a busy one is not.
             assert 30 <= spec["periodSeconds"] * spec["failureThreshold"] <= 90
         else:  # per model: each one the pod serves needs a ready worker
-            assert args.ready and sorted(args.model) == required, (kind, args.model)
-    startup, _ = probe(objects, "startupProbe")
+            assert path == "/readyz", kind
+            assert sorted(parse_qs(query)["model"]) == required, (kind, query)
+    # No probe anywhere starts a process (the preStop hook is not a probe).
+    for c in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]:
+        assert not any("exec" in c.get(k, {}) for k in
+                       ("startupProbe", "readinessProbe", "livenessProbe")), c["name"]
+    startup, *_ = probe(objects, "startupProbe")
     # Loading may take the daemon's own start_timeout before it gives up on a worker.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= \
         config.supervisor.start_timeout

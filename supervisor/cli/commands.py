@@ -261,6 +261,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.client.client import JobError, NoReply, control
+    from supervisor.daemon.health import not_ready_reason
 
     endpoint = _control_endpoint(args, admin=False)
     if not args.ready:
@@ -282,42 +283,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(render_status(report))
     return 0
-
-
-def not_ready_reason(report: dict[str, Any], models: list[str] | None) -> str | None:
-    """Why `status --ready` fails, in one line; None when ready. Ready: the daemon's own
-    answer (past start-up, not stopping, every required model has a ready worker), or with
-    ``models`` named: past start-up, not stopping, and each of those has a ready worker now,
-    required or not. A model the daemon does not serve is not ready: a probe that names it
-    fails loudly rather than passing."""
-    served = report.get("models", {})
-    if report.get("stopping"):
-        return "the supervisor is stopping (draining: new jobs are answered shutting_down)"
-    if not models:
-        if report.get("ready"):
-            return None
-        models = sorted(m for m, s in served.items() if s.get("required", True)
-                        and not s.get("removed"))
-    elif report.get("serving") and all(
-            name in served and any(w.get("state") == "ready" for w in served[name]["workers"])
-            for name in models):
-        return None
-    unknown = [m for m in models if m not in served]
-    if unknown:
-        return (f"this supervisor does not serve {', '.join(map(repr, unknown))} (it serves "
-                f"{', '.join(sorted(served)) or 'no model'})")
-    waiting = [m for m in models
-               if not any(w.get("state") == "ready" for w in served[m]["workers"])]
-    if waiting:
-        return "no ready worker for " + "; ".join(_why_no_worker(m, served[m]) for m in waiting)
-    return "starting: not every required model has had its ready workers yet"
-
-
-def _why_no_worker(name: str, model: dict[str, Any]) -> str:
-    states = sorted(w.get("state", "?") for w in model["workers"])
-    counts = ", ".join(f"{states.count(s)} {s}" for s in sorted(set(states))) or "no worker"
-    error = f"; last error: {model['last_error']}" if model.get("last_error") else ""
-    return f"{name!r} ({counts}{error})"
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

@@ -421,8 +421,8 @@ class SupervisorSection:
         "that, where the kernel OOM-kills one process, it picks a worker, not the supervisor. "
         "Raising needs no privilege; a value under the supervisor's own is raised to it.")
     metrics: str | None = setting(
-        Optional(Str()), None, "Prometheus /metrics listen address, e.g. 127.0.0.1:9464 "
-        "(off when null).")
+        Optional(Str()), None, "Listen address of Prometheus /metrics and the /livez and "
+        "/readyz probes, e.g. 127.0.0.1:9464 (off when null).")
     ready_min_workers: int | None = setting(
         Optional(Int(1)), None, "Ready workers each model needs before the daemon reports "
         "ready (systemd READY=1, status --ready); null: all configured workers.")

@@ -98,7 +98,8 @@ class Daemon:
         self.oom_score_failed = False  # logged once
         self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
-        self.reporter = Reporter(self.core.pool, self.core.router, clock(), self.core.budget)
+        self.reporter = Reporter(self.core.pool, self.core.router, clock(), self.core.budget,
+                                 clock)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
@@ -144,7 +145,7 @@ class Daemon:
         self._bind(self.admin, sup.admin, admin_gid, shared=admin_gid is not None)
         if sup.metrics:
             with startup.step(f"metrics address {sup.metrics}"):
-                self.reporter.metrics.serve(sup.metrics)
+                self.reporter.serve(sup.metrics)
 
     def _curve(self, sup: SupervisorSection) -> None:
         with startup.step("supervisor.curve"):
@@ -224,7 +225,9 @@ class Daemon:
                     self._guarded("worker_output_failed",
                                   partial(self.output.read, ready, self.clock()))
                 self._guarded("housekeeping_failed", self.housekeeping)
-                self._stalled(self.clock() - self.turn_started)  # housekeeping's own share
+                end = self.clock()
+                self._stalled(end - self.turn_started)  # housekeeping's own share
+                self.reporter.health.turned(end)  # what /livez reads
         finally:
             # Done: a late SIGTERM (the kubelet's, after the preStop hook's drain) must not
             # kill the exit. Python resets handlers to the default at exit, but not SIG_IGN.
@@ -495,7 +498,7 @@ class Daemon:
         for signum in self.signals.take(woken):
             if signum in (signal.SIGTERM, signal.SIGINT):
                 self.core.shutdown(self.clock(), signal.Signals(signum).name)
-                self.reporter.notifier.stopping()
+                self.reporter.stopping()
             elif signum == signal.SIGHUP:
                 self.reload()
 
@@ -595,8 +598,7 @@ class Daemon:
         for sock in self._sockets():
             sock.close(linger=1000)
         self.context.term()
-        self.reporter.metrics.close()
-        self.reporter.notifier.close()
+        self.reporter.close()
         for path in self.bound:
             path.unlink(missing_ok=True)
         self.instance.release()  # last: the sockets are gone, another daemon may start

@@ -23,15 +23,14 @@ import platform
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Info,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -188,7 +187,6 @@ class Metrics(Collector):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.snapshot = Snapshot()
-        self.server: WSGIServer | None = None
         self.jobs = Tally("tfsupervisor_jobs", "Jobs answered, by model and outcome (ok or "
                           "an error code).", ("model", "outcome"))
         self.latency = Buckets("tfsupervisor_job_latency_seconds", "From a job's arrival to "
@@ -227,17 +225,9 @@ class Metrics(Collector):
         if applied:
             self.loaded.set_to_current_time()
 
-    def serve(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        self.server, _ = start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1",
-                                           registry=self.registry)
-
-    def close(self) -> None:
-        """Stop serving /metrics (at exit, and after a start that failed later on)."""
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+    def app(self) -> Any:
+        """The WSGI app that serves the registry (daemon/listener.py routes /metrics to it)."""
+        return make_wsgi_app(self.registry)
 
     def publish(self, pool: Pool, router: Router, budget: Budget | None = None) -> None:
         """Called from the main loop: replace the snapshot the scrape thread reads."""

@@ -1,15 +1,21 @@
 """What the outside sees of the daemon: readiness and the watchdog (systemd), the STATUS=
-line, startup progress, Prometheus metrics and the job-error summary."""
+line, startup progress, Prometheus metrics, the HTTP probes' health (daemon/health.py) and
+the job-error summary."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from supervisor.config.keys import SupervisorSection
 from supervisor.core.budget import Budget
 from supervisor.core.jobs import Job
 from supervisor.core.pool import Pool, State
 from supervisor.core.router import Router
+from supervisor.daemon import listener
+from supervisor.daemon.health import Health, readiness
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.notify import Notifier
 from supervisor.shared import logs
@@ -57,9 +63,12 @@ class ErrorSummary:
 
 class Reporter:
     def __init__(self, pool: Pool, router: Router, now: float,
-                 budget: Budget | None = None) -> None:
+                 budget: Budget | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pool, self.router, self.budget = pool, router, budget
         self.metrics = Metrics()
+        self.health = Health(now, clock)
+        self.server: WSGIServer | None = None  # /metrics, /livez, /readyz (daemon/listener.py)
         self.notifier = Notifier()
         self.errors = ErrorSummary()
         self.serving = False  # every model has its ready workers (READY=1 sent)
@@ -84,6 +93,7 @@ class Reporter:
             self.serving = True
             log.info("serving", models={m: len(self.pool.ready(m)) for m in self.pool.models})
             self.notifier.ready(self.summary(now, stopping))
+            self.next_publish = now  # /readyz says so now, not at the next publication
         elif not self.serving and now >= self.next_progress:
             self.next_progress = now + STARTUP_PROGRESS
             warming = {w.id: round(now - w.started_at) for w in self.pool.workers.values()
@@ -95,6 +105,25 @@ class Reporter:
             self.next_publish = now + min(1.0, settings.poll_interval)
             self.notifier.status(self.summary(now, stopping))
             self.metrics.publish(self.pool, self.router, self.budget)
+            self.health.publish(readiness(self.pool, self.serving and not stopping,
+                                          self.ready_now(stopping), stopping))
+
+    def serve(self, address: str) -> None:
+        """Listen on supervisor.metrics: /metrics, /livez, /readyz."""
+        self.server = listener.serve(address, listener.routes(self.metrics.app(), self.health))
+
+    def stopping(self) -> None:
+        """A drain has begun: systemd and the probes are told at once."""
+        self.notifier.stopping()
+        self.health.stop()
+
+    def close(self) -> None:
+        """Stop listening and notifying (at exit, and after a start that failed later on)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        self.notifier.close()
 
     def ready_enough(self, settings: SupervisorSection) -> bool:
         """Start-up: every required model has its ready workers (ready_min_workers, or all).
