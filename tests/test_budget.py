@@ -108,10 +108,33 @@ def test_cgroup_v1_hierarchical_limit_and_unlimited(tmp_path: Path) -> None:
     assert cgroup.read(found).limit is None  # v1's "no limit"
 
 
+def test_cgroup_v1_a_parents_limit_is_judged_against_the_parents_usage(tmp_path: Path) -> None:
+    """A systemd slice (or a pod with a sidecar) on v1: a sibling's memory counts."""
+    point = tmp_path / "memory"
+    unlimited = "9223372036854771712\n"
+    write(point, {"memory.limit_in_bytes": unlimited, "memory.usage_in_bytes": f"{8 * GIB}\n",
+                  "memory.stat": ""})
+    write(point / "slice", {"memory.limit_in_bytes": f"{300 * MIB}\n",
+                            "memory.usage_in_bytes": f"{215 * MIB}\n",
+                            "memory.stat": "total_inactive_file 0\n"})
+    own = write(point / "slice" / "tfs", {
+        "memory.limit_in_bytes": unlimited, "memory.usage_in_bytes": f"{26 * MIB}\n",
+        "memory.stat": f"hierarchical_memory_limit {300 * MIB}\ntotal_inactive_file 0\n",
+        "memory.oom_control": "oom_kill 0\n"})
+    found = cgroup.locate(proc(tmp_path, "4:memory:/slice/tfs\n",
+                               V1_MOUNT.format(root="/", point=point)))
+    assert found is not None and found.directory == own
+    reading = cgroup.read(found)
+    assert (reading.path, reading.limit, reading.working_set) == \
+        (str(point / "slice"), 300 * MIB, 215 * MIB)  # 85 MiB of room, not 274
+
+
 def test_reader_never_raises_and_finds_the_cgroup_again(tmp_path: Path) -> None:
     point = tmp_path / "memory"
     files = {"memory.usage_in_bytes": "100\n", "memory.stat": "hierarchical_memory_limit 1000\n",
              "memory.oom_control": "oom_kill 0\n", "memory.limit_in_bytes": "1000\n"}
+    write(point, {"memory.limit_in_bytes": "9223372036854771712\n",
+                  "memory.usage_in_bytes": "5000\n", "memory.stat": ""})
     write(point / "svc", files)
     proc_dir = proc(tmp_path, "4:memory:/svc\n", V1_MOUNT.format(root="/", point=point))
     reader = cgroup.CgroupReader(proc_dir)
@@ -295,10 +318,42 @@ def test_kernel_oom_kill_is_named_with_the_figures() -> None:
         "kill(s) since start)" in render_explain(explained)
 
 
-def test_memory_pressure_is_the_containers() -> None:
+def test_memory_pressure_is_the_containers_and_recycles_the_most_grown() -> None:
     w = world(4 * GIB, 4 * GIB - 100 * MIB)  # 100 MiB of headroom: under the 5 % buffer
+    w.memory["a-2"] = WARM + 100 * MIB  # grew the most: its recycle frees the most
+    w.memory["a-1"] = WARM + 20 * MIB
     w.poll()
     assert w.core.pool.models["a"].recycles == {"host_pressure": 1}
+    assert w.core.pool.workers["a-2"].reason is Reason.HOST_PRESSURE
+    assert w.core.pool.workers["a-2"].state is not State.READY  # drained first: no room
+
+
+def test_pressure_with_nothing_grown_recycles_nobody_and_says_the_limit_is_too_small(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    w = world(4 * GIB, 4 * GIB - 100 * MIB)  # fresh workers: recycling frees nothing
+    for _ in range(5):
+        w.tick(1.0)
+        w.poll()
+    assert w.core.pool.models["a"].recycles == {}
+    assert capsys.readouterr().out.count("memory_budget_too_small") == 1  # not every poll
+
+
+def test_a_waiting_recycle_after_a_failed_start_still_gets_its_room() -> None:
+    """A replacement that failed to boot, then a smaller limit: once the back-off is over the
+    waiting worker drains first (it used to wait for good, holding the model's recycles)."""
+    w = world(8 * GIB, 2 * GIB)
+    w.core.recycle("a", "a-1")
+    w.poll()
+    w.tick()
+    w.exit("a-3", 1)  # the replacement fails to boot: the model backs off
+    assert w.core.pool.models["a"].failures == 1
+    container(w, 3 * GIB, 2 * GIB)
+    w.tick(2.0)  # the back-off (1 s) is over: drained ...
+    w.tick()  # ... and, holding nothing, stopped
+    assert w.core.pool.workers["a-1"].state is State.STOPPING
+    w.exit("a-1", 0)
+    w.tick()
+    assert spawned(w) == ["a-4"]
 
 
 def test_metrics_carry_the_budget() -> None:
@@ -316,6 +371,7 @@ def test_metrics_carry_the_budget() -> None:
 @pytest.mark.parametrize(("limit", "problem"), [
     (None, None), (64 * GIB, None),
     (6 * GIB, "the workers at their limits (4096MiB"),  # 2 x 2 GiB + 2 GiB + buffer > 6 GiB
+    (4 * GIB, "even without a replacement, the workers at their limits (4096MiB"),
 ])
 def test_check_warns_when_the_workers_cannot_fit(limit: int | None, problem: str | None) -> None:
     config = parse_config(CONTAINER, Path("/tmp/tfs-budget/config.yaml"))
@@ -328,3 +384,14 @@ def test_check_warns_when_the_workers_cannot_fit(limit: int | None, problem: str
     if limit is not None:
         assert "set neither kill_memory nor max_memory" in str(
             sizing_problem(unbounded.models, budget, None))
+
+
+def test_check_warns_of_a_host_sized_floor_in_a_container() -> None:
+    config = parse_config(CONTAINER.replace("runtime_dir: /tmp/tfs-budget",
+                                            "runtime_dir: /tmp/tfs-budget\n  "
+                                            "min_available_memory: 2GiB"),
+                          Path("/tmp/tfs-budget/config.yaml"))
+    budget = Budget()
+    budget.update(reading(8 * GIB, 0), None)
+    found = sizing_problem(config.models, budget, config.supervisor.min_available_memory)
+    assert found is not None and "a quarter or more of the container's limit" in found

@@ -447,8 +447,8 @@ def cmd_recycle(args: argparse.Namespace) -> int:
     endpoint = _control_endpoint(args, admin=True)
     result = _ask(endpoint, "recycle", args, model=args.model, worker=args.worker)
     scheduled = result["scheduled"]
-    print(f"recycling {', '.join(scheduled) or 'nothing'} (replacement first, then drain; "
-          "watch with `tfsupervisor status`)")
+    print(f"recycling {', '.join(scheduled) or 'nothing'} (replacement first where the "
+          "container's memory holds it, else drain first; watch with `tfsupervisor status`)")
     return 0
 
 

@@ -132,8 +132,8 @@ def render_explain(report: dict[str, Any]) -> str:
         lines.append(f"last unexpected exit: {died['worker']} killed by the kernel's OOM "
                      f"killer at the container's limit ({format_size(budget.get('limit'))}, "
                      f"{budget.get('oom_kills', '?')} OOM kill(s) since start): the workers "
-                     "outgrew the container between two polls; lower kill_memory or "
-                     "poll_interval, or raise min_available_memory or the limit")
+                     "outgrew the container between two polls; set or lower kill_memory, "
+                     "lower poll_interval, or raise min_available_memory or the limit")
     for w in report["workers"]:
         lines += ["", f"{w['id']} (slot {w['slot']}, {w['state']}, {w['jobs']:,} jobs, memory "
                   f"{format_size(w['memory'])}, baseline {format_size(w['baseline'])})"]

@@ -217,12 +217,17 @@ def _mib(value: int) -> str:
 
 def warm_size(workers: Iterable[WorkerHandle], policy: PolicyConfig) -> int:
     """What a fresh worker of a model reaches once warm: the largest baseline (taken after
-    warm-up) of its live workers; before any has one, its ``max_memory`` (else
-    ``kill_memory``), else the largest reading of its workers so far, else 0."""
+    warm-up) of its live workers, and never less than the smallest reading of its ready
+    workers (with ``warmup_jobs: 0`` the baseline is taken before the first job, when a
+    TensorFlow worker has yet to allocate for its shapes); before any has a baseline, its
+    ``max_memory`` (else ``kill_memory``), else the largest reading of its workers so far,
+    else 0."""
     workers = list(workers)
     baselines = [w.assessment.baseline for w in workers if w.assessment.baseline is not None]
     if baselines:
-        return max(baselines)
+        serving = [s.memory for w in workers if w.state is State.READY
+                   and (s := w.history.last()) is not None]
+        return max(max(baselines), min(serving, default=0))
     for limit in (policy.max_memory, policy.kill_memory):
         if limit is not None:
             return limit
@@ -263,6 +268,16 @@ def sizing_problem(models: Mapping[str, ModelConfig], budget: Budget, floor: int
     need = sum(models[n].workers * (size or 0) for n, size in sizes.items())
     largest = max((size or 0 for size in sizes.values()), default=0)
     buffer = budget.buffer(floor)
+    if buffer * 4 >= limit:
+        return (f"the kill buffer (min_available_memory, {_mib(buffer)}) is a quarter or more "
+                f"of the container's limit of {_mib(limit)}: memory pressure will recycle "
+                "workers long before the limit is near (a host-sized floor in a container?)")
+    if need + allowance > limit:
+        return (f"even without a replacement, the workers at their limits ({_mib(need)}: "
+                f"workers x kill_memory, else max_memory) + the supervisor "
+                f"({_mib(allowance)}) exceed the container's limit of {_mib(limit)}: the "
+                "kernel's OOM killer, not the policy, bounds these workers; raise the limit "
+                "or lower workers or kill_memory")
     total = need + largest + buffer + allowance
     if total <= limit:
         return None

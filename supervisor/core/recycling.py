@@ -30,6 +30,10 @@ log = logs.get(__name__)
 CHURN_LIMIT = 2
 # The alarm repeats, spaced by min_lifetime doubling up to this, so logs do not flood.
 MAX_ALARM_SPACING = 3600.0
+# Under a container limit, memory pressure recycles only a worker grown at least this much
+# over its baseline (what its recycle frees), and says at most this often that none has.
+PRESSURE_MIN_GAIN = 16 * 1024**2
+PRESSURE_ALARM_SPACING = 300.0
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Recycler:
                  budget: Budget | None = None) -> None:
         self.pool, self.router, self.lifecycle = pool, router, lifecycle
         self.budget = budget or Budget()
+        self.next_pressure_alarm = 0.0  # memory_budget_too_small: no victim frees enough
         self.requested: dict[str, Reason] = {}  # worker id -> reason (manual, reload)
 
     def judge(self, workers: Iterable[WorkerHandle], now: float) -> None:
@@ -176,7 +181,11 @@ class Recycler:
             return
         for state in self.pool.models.values():
             model = state.name
-            if state.removed or state.failures or not self.pool.replacing(model) or \
+            # After a failed start the model backs off; once that is over, a replacement
+            # that does not fit beside the worker waiting for it still needs the room (a
+            # waiting worker never drained would hold the model's recycles for good).
+            if state.removed or now < state.backoff_until or \
+                    not self.pool.replacing(model) or \
                     self.pool.serving_slots(model) >= state.config.workers or \
                     self._making_room(model):
                 continue
@@ -227,12 +236,40 @@ class Recycler:
             return  # memory is on its way to being freed
         eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
                     if not w.leaving and self.free_slots(state) > 0]
-        victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
-        if victim_id is None:
+        if self.budget.limit is not None:
+            victim = self._grown_most(eligible, available, floor, now)
+        else:
+            victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
+            victim = self.pool.workers[victim_id] if victim_id is not None else None
+        if victim is None:
             return
-        victim = self.pool.workers[victim_id]
         verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE, detail, victim.assessment)
         self.start(victim, Reason.HOST_PRESSURE, verdict, now)
+
+    def _grown_most(self, eligible: list[WorkerHandle], available: int, floor: int,
+                    now: float) -> WorkerHandle | None:
+        """Under a container limit, the worker whose recycle frees the most: the most grown
+        over its baseline (a fresh worker comes back at its baseline, so recycling one that
+        has not grown frees nothing and only costs a model load). None, and a warning at
+        most every PRESSURE_ALARM_SPACING, when none has grown by PRESSURE_MIN_GAIN: the
+        limit is too small for these workers, which no recycle fixes."""
+        def grown(worker: WorkerHandle) -> int:
+            a = worker.assessment
+            return (a.memory or 0) - a.baseline if a.baseline is not None else 0
+
+        best = max(eligible, key=grown, default=None)
+        if best is not None and grown(best) >= PRESSURE_MIN_GAIN:
+            return best
+        if now >= self.next_pressure_alarm:
+            self.next_pressure_alarm = now + PRESSURE_ALARM_SPACING
+            log.error("memory_budget_too_small", headroom=available, floor=floor,
+                      limit=self.budget.limit,
+                      problem="the container's headroom is under the kill buffer, and no "
+                      f"worker has grown {PRESSURE_MIN_GAIN // 2**20}MiB over its baseline "
+                      "for a recycle to free: the limit is too small for these workers",
+                      hint="raise the container's memory limit, or run fewer workers "
+                      "(docs/deployment.md, the memory budget)")
+        return None
 
     def request(self, model: str, worker_id: str | None, reason: Reason) -> list[str]:
         """Queue a graceful recycle (manual, or for a reload); returns the worker ids."""

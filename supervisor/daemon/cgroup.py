@@ -5,12 +5,14 @@ Where it is: ``/proc/self/cgroup`` names the cgroup (v1: the line whose controll
 mounted (a container sees its own cgroup as the root of its mount). What it holds:
 
 - cgroup v2: ``memory.max`` and ``memory.high`` (``max``: none), ``memory.current``,
-  ``memory.stat``'s ``inactive_file``, ``memory.events``' ``oom_kill``. A parent's limit
-  binds too (a systemd slice, a pod above its container): every ancestor up to the mount is
-  read and the one with the least room is the budget.
-- cgroup v1: ``memory.stat``'s ``hierarchical_memory_limit`` (the tightest of the cgroup's
-  and its ancestors'), ``memory.usage_in_bytes``, ``memory.stat``'s ``total_inactive_file``,
+  ``memory.stat``'s ``inactive_file``, ``memory.events``' ``oom_kill``.
+- cgroup v1: ``memory.limit_in_bytes``, ``memory.usage_in_bytes``, ``memory.stat``'s
+  ``total_inactive_file`` (and ``hierarchical_memory_limit`` for ancestors above the mount),
   ``memory.oom_control``'s ``oom_kill`` (kernels 4.13 and later).
+
+On both, every ancestor up to the mount is read as well and the level with the least room
+is the budget: a systemd slice or a pod's limit above the daemon's cgroup binds too, judged
+against that level's own usage (a sibling's memory counts there).
 
 These are in-kernel files (a few microseconds each, nothing that can hang like a network
 mount), so they are read on the loop at every poll: a pod's limits can be resized in place.
@@ -92,38 +94,44 @@ def _unescape(field: str) -> str:
 
 
 def read(location: Location) -> CgroupMemory:
-    """One reading (raises OSError or ValueError on a file that is gone or garbled)."""
-    if location.version == 1:
-        return _read_v1(location.directory)
-    return _read_v2(location)
-
-
-def _read_v1(directory: Path) -> CgroupMemory:
-    stat = _keyed(directory / "memory.stat")
-    limit = stat.get("hierarchical_memory_limit")
-    if limit is None:
-        limit = int((directory / "memory.limit_in_bytes").read_text())
-    usage = int((directory / "memory.usage_in_bytes").read_text())
-    oom = _keyed(directory / "memory.oom_control").get("oom_kill")
-    return CgroupMemory(1, str(directory), limit if limit < V1_UNLIMITED else None, usage,
-                        stat.get("total_inactive_file", stat.get("inactive_file", 0)),
-                        oom_kills=oom)
-
-
-def _read_v2(location: Location) -> CgroupMemory:
-    own = _level_v2(location.directory)
-    events = _keyed(location.directory / "memory.events")
-    best = own
-    directory = location.directory
+    """One reading (raises OSError or ValueError on a file that is gone or garbled): the
+    level with the least room, from the daemon's own cgroup up to the mount (a parent's
+    limit binds too, and is judged against the parent's own usage: a sibling's memory
+    counts there), with the OOM kills of the daemon's own cgroup (its processes')."""
+    own = location.directory
+    level = _level_v1 if location.version == 1 else _level_v2
+    best = level(own)
+    directory = own
     while directory != location.mount and location.mount in directory.parents:
         directory = directory.parent
-        if not (directory / "memory.max").exists():
-            break  # the hierarchy's root: no limit files
-        level = _level_v2(directory)
-        if _tighter(level, best):
-            best = level
-    return CgroupMemory(2, best.path, best.limit, best.usage, best.inactive_file, best.high,
-                        events.get("oom_kill"))
+        if not (directory / ("memory.limit_in_bytes" if location.version == 1
+                             else "memory.max")).exists():
+            break  # a v2 hierarchy's root has no limit files
+        candidate = level(directory)
+        if _tighter(candidate, best):
+            best = candidate
+    if location.version == 1:
+        # The limits of ancestors above what this mount shows (a container sees its own
+        # cgroup as the root): only the effective limit is known, against our own usage.
+        effective = _keyed(own / "memory.stat").get("hierarchical_memory_limit")
+        mine = level(own)
+        if effective is not None and effective < V1_UNLIMITED and \
+                _tighter(CgroupMemory(1, mine.path, effective, mine.usage, mine.inactive_file),
+                         best):
+            best = CgroupMemory(1, mine.path, effective, mine.usage, mine.inactive_file)
+        oom = _keyed(own / "memory.oom_control").get("oom_kill")
+    else:
+        oom = _keyed(own / "memory.events").get("oom_kill")
+    return CgroupMemory(location.version, best.path, best.limit, best.usage,
+                        best.inactive_file, best.high, oom)
+
+
+def _level_v1(directory: Path) -> CgroupMemory:
+    stat = _keyed(directory / "memory.stat")
+    limit = int((directory / "memory.limit_in_bytes").read_text())
+    return CgroupMemory(1, str(directory), limit if limit < V1_UNLIMITED else None,
+                        int((directory / "memory.usage_in_bytes").read_text()),
+                        stat.get("total_inactive_file", stat.get("inactive_file", 0)))
 
 
 def _level_v2(directory: Path) -> CgroupMemory:
