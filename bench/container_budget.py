@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -82,7 +83,7 @@ def run(code: Path, minutes: float) -> dict[str, Any]:
             sup.stop()
         recycles = [e for e in events if e.get("event") == "worker_recycling"]
         return {
-            "code": str(code), "seconds": round(seconds), "answered": answered[0],
+            "code": str(code), "commit": _commit(code), "seconds": round(seconds), "answered": answered[0],
             "failed": failed[0], "kernel_oom_kills": oom_kills(cgroup),
             "peak_mib": round(read(cgroup, "memory.max_usage_in_bytes") / MIB, 1),
             "limit_mib": LIMIT // MIB,
@@ -96,6 +97,12 @@ def run(code: Path, minutes: float) -> dict[str, Any]:
         }
 
 
+def _commit(code: Path) -> str:
+    found = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, check=False)
+    return found.stdout.strip() or code.name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0)
@@ -104,11 +111,11 @@ def main() -> None:
     args = parser.parse_args()
     here = Path(__file__).resolve().parent.parent
     runs = [run(path.resolve(), args.minutes) for path in [*args.code, here]]
-    table = [["code", "seconds", "answered", "failed", "kernel OOM kills", "peak / limit MiB",
+    table = [["commit", "seconds", "answered", "failed", "kernel OOM kills", "peak / limit MiB",
               "recycles", "replacement first", "drained first (no room)",
               "drained early (pressure)"]]
     for r in runs:
-        table.append([Path(r["code"]).name, r["seconds"], r["answered"], r["failed"],
+        table.append([r["commit"], r["seconds"], r["answered"], r["failed"],
                       r["kernel_oom_kills"], f"{r['peak_mib']} / {r['limit_mib']}",
                       ", ".join(f"{k}={v}" for k, v in sorted(r["recycles"].items())),
                       r["replacement_first"], r["drained_first"],
