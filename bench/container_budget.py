@@ -83,7 +83,8 @@ def run(code: Path, minutes: float) -> dict[str, Any]:
             sup.stop()
         recycles = [e for e in events if e.get("event") == "worker_recycling"]
         return {
-            "code": str(code), "commit": _commit(code), "seconds": round(seconds), "answered": answered[0],
+            "code": str(code), "commit": _commit(code), "seconds": round(seconds),
+            "answered": answered[0],
             "failed": failed[0], "kernel_oom_kills": oom_kills(cgroup),
             "peak_mib": round(read(cgroup, "memory.max_usage_in_bytes") / MIB, 1),
             "limit_mib": LIMIT // MIB,
