@@ -29,6 +29,7 @@ from supervisor.config.loading import (
     load_config,
 )
 from supervisor.config.settings import ConfigErrors
+from supervisor.shared.exitcodes import DaemonExit
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -647,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BrokenPipeError:
+        if args.func is cmd_run:  # the daemon's status is the truth: never 0 for a failure
+            return int(DaemonExit.START_FAILED)
         # The reader went away (`tfsupervisor explain ... | head`): not a failure of the
         # command. Python would report the broken pipe again when it flushes stdout at
         # exit, so stdout goes to /dev/null first.

@@ -27,7 +27,18 @@ def render_status(report: dict[str, Any]) -> str:
              for r in rows]
     head = ["STOPPING: draining (queued and running jobs are answered, new ones get "
             "shutting_down; not ready)", ""] if report.get("stopping") else []
-    return "\n".join([*head, *lines, "", *notes])
+    return "\n".join([*head, *lines, "", *notes, *_supervisor_notes(report.get("supervisor"))])
+
+
+def _supervisor_notes(own: dict[str, Any] | None) -> list[str]:
+    """The daemon's own resources, when one needs attention."""
+    if not own:
+        return []
+    notes = []
+    if own.get("log_lines_dropped"):
+        notes.append(f"supervisor: {own['log_lines_dropped']} LOG LINE(S) DROPPED, its log "
+                     f"output fails ({own.get('log_error')}); it serves on")
+    return notes
 
 
 def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:

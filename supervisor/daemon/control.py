@@ -24,8 +24,10 @@ ADMIN_COMMANDS = ("recycle", "reload")
 
 class Controller:
     def __init__(self, core: Core, reload: Callable[[Answer], None],
-                 serving: Callable[[], bool], ready: Callable[[], bool]) -> None:
+                 serving: Callable[[], bool], ready: Callable[[], bool],
+                 resources: Callable[[], dict[str, Any]] = dict) -> None:
         self.core = core
+        self.resources = resources  # the daemon's own: log lines dropped, descriptors
         self.reload = reload
         self.serving = serving  # past start-up (READY=1 sent) and not stopping
         self.ready = ready  # serving, and every required model has a ready worker now
@@ -149,7 +151,8 @@ class Controller:
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
         return {"serving": self.serving(), "ready": self.ready(),
-                "stopping": self.core.shutdown_started is not None, "models": models}
+                "stopping": self.core.shutdown_started is not None, "models": models,
+                "supervisor": self.resources()}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))

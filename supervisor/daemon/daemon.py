@@ -32,6 +32,7 @@ from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
+from supervisor.daemon.resources import Resources
 from supervisor.daemon.signals import SignalInbox
 from supervisor.daemon.tree import Trees
 from supervisor.daemon.worker_output import WorkerOutput
@@ -95,10 +96,13 @@ class Daemon:
         self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
         self.reporter = Reporter(self.core.pool, self.core.router, clock())
+        self.resources = Resources()
+        self.reporter.metrics.registry.register(self.resources)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
-            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None))
+            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
+            resources=self.resources.facts)
         self.signals = SignalInbox()
         self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
