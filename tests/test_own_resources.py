@@ -10,15 +10,20 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import pytest
 import yaml
 
+from supervisor.client import Client, control
+from supervisor.daemon.descriptors import RESERVE_BASE
 from supervisor.testing import Supervisor, short_tmpdir
 from tests.conftest import echo_model
 
@@ -40,9 +45,9 @@ def start(config: dict[str, Any], output: int | IO[bytes], workdir: Path,
     return Supervisor(process, config_path, runtime_dir, workdir / "supervisor.log")
 
 
-def answered(sup: Supervisor, jobs: int) -> None:
-    """``jobs`` jobs, each answered with its own value."""
-    with sup.client(timeout=30) as client:
+def answered(sup: Supervisor, jobs: int, endpoint: str | None = None) -> None:
+    """``jobs`` jobs from a new client, each answered with its own value."""
+    with Client(endpoint or sup.endpoint, timeout=30) as client:
         for i in range(jobs):
             x = np.full((1, 4), float(i), dtype=np.float32)
             assert client.infer("m", {"x": x})["x"][0, 0] == float(i)
@@ -160,3 +165,97 @@ def test_a_log_line_is_written_once_and_never_retried(tmp_path: Path) -> None:
         sink.write('{"event": "y"}')
     events = [json.loads(line)["event"] for line in target.read_text().splitlines()]
     assert events == ["log_lines_dropped", "y"] and sink.untold == 0 and sink.dropped == 3
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def flood(endpoint: str, count: int) -> tuple[Any, list[Any]]:
+    """``count`` real client connections (DEALER sockets, as clients open them)."""
+    import zmq
+
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, count + 16)
+    sockets = []
+    for _ in range(count):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sockets.append(sock)
+    return context, sockets
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport: str) -> None:
+    """libzmq aborts the daemon when an ipc accept meets EMFILE (and spins on tcp): with
+    `nofile` at 1024 and 1500 connections, new connections wait instead, the ones open serve
+    on, housekeeping keeps its schedule, and connections are taken again once they close."""
+
+    workdir = short_tmpdir()
+    endpoint = f"ipc://{workdir}/run/frontend.sock" if transport == "ipc" else \
+        f"tcp://127.0.0.1:{free_port()}"
+    config = {**CONFIG, "supervisor": {"endpoints": [endpoint]}}
+    with open(workdir / "supervisor.log", "wb") as log:
+        sup = start(config, log, workdir, ("prlimit", "--nofile=512:1024"))
+    try:
+        sup.wait_ready()
+        own = dropped(sup)["descriptors"]
+        assert (own["limit"], own["raised_from"]) == (1024, 512), own  # raised at start
+        early = Client(endpoint, timeout=30)
+        early.infer("m", {"x": np.zeros((1, 4), np.float32)})  # connected before the flood
+        context, sockets = flood(endpoint, 1500)
+        try:
+            deadline = time.monotonic() + 60
+            paused = {}
+            while time.monotonic() < deadline:
+                assert sup.process.poll() is None, sup.log()[-3000:]
+                paused = control(sup.admin_endpoint, "status", timeout=10)["supervisor"]
+                if not paused["descriptors"]["accepting"]:
+                    break
+                time.sleep(0.1)
+            descriptors = paused["descriptors"]
+            assert not descriptors["accepting"], descriptors
+            # what the daemon's own work needs is still there
+            assert descriptors["headroom"] >= RESERVE_BASE, descriptors
+            for i in range(20):  # the connections open serve on
+                x = np.full((1, 4), float(i), np.float32)
+                assert early.infer("m", {"x": x})["x"][0, 0] == float(i)
+            status = control(sup.admin_endpoint, "status", timeout=10)
+            worker = status["models"]["m"]["workers"][0]
+            assert worker["sampled_ago"] < 2.0, worker  # memory polls on schedule
+        finally:
+            for sock in sockets:
+                sock.close(0)
+            context.term()
+        answered(sup, 5, endpoint)  # a new client: connections are taken again
+        assert sup.process.poll() is None
+        early.close()
+        assert stopped(sup) == 0
+    finally:
+        sup.stop()
+
+
+def test_a_failure_on_every_turn_is_logged_once_then_counted() -> None:
+    """housekeeping_failed used to log its whole traceback on every poll."""
+    import structlog
+
+    from supervisor.daemon.failures import PERIOD, Failures
+
+    def boom(n: int) -> BaseException:
+        try:
+            raise OSError(24, f"Too many open files ({n})")
+        except OSError as exc:
+            return exc
+
+    failures = Failures()
+    with structlog.testing.capture_logs() as logged:
+        for turn in range(100):  # a poll every 0.2 s, each failing the same way
+            failures.failed("housekeeping_failed", boom(turn), turn * 0.2)
+        failures.failed("housekeeping_failed", boom(0), PERIOD + 1)
+    assert [e["event"] for e in logged] == ["housekeeping_failed"] * 2
+    assert "exc_info" in logged[0] and "exc_info" not in logged[1]
+    assert logged[1]["repeated"] == 100 and "Too many open files" in logged[1]["error"]

@@ -38,6 +38,11 @@ def _supervisor_notes(own: dict[str, Any] | None) -> list[str]:
     if own.get("log_lines_dropped"):
         notes.append(f"supervisor: {own['log_lines_dropped']} LOG LINE(S) DROPPED, its log "
                      f"output fails ({own.get('log_error')}); it serves on")
+    fds = own.get("descriptors") or {}
+    if fds.get("paused"):
+        notes.append(f"supervisor: NEW CONNECTIONS PAUSED on {', '.join(fds['paused'])}: "
+                     f"{fds.get('open')} of {fds.get('limit')} descriptors open, "
+                     f"{fds.get('reserve')} kept in reserve (raise LimitNOFILE)")
     return notes
 
 

@@ -28,6 +28,8 @@ from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, S
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
 from supervisor.daemon.control import Controller
+from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit, reserve
+from supervisor.daemon.failures import Failures
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
@@ -96,7 +98,9 @@ class Daemon:
         self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
         self.reporter = Reporter(self.core.pool, self.core.router, clock())
-        self.resources = Resources()
+        # Raised before any socket or worker: libzmq and the workers see the new limit.
+        self.gate = Gate(self.context, raise_limit())  # descriptors for the daemon's own work
+        self.resources = Resources(self.gate)
         self.reporter.metrics.registry.register(self.resources)
         self.controller = Controller(
             self.core, self.reload,
@@ -104,6 +108,7 @@ class Daemon:
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
             resources=self.resources.facts)
         self.signals = SignalInbox()
+        self.failures = Failures()  # what the loop survives, logged without flooding
         self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
@@ -135,6 +140,12 @@ class Daemon:
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
         for sock in self._sockets():
             sock.setsockopt(zmq.LINGER, 1000)
+        for sock in (self.frontend, self.control):  # what clients reach: paused when
+            sock.setsockopt(zmq.BACKLOG, BACKLOG)  # descriptors run short (descriptors.py)
+            self.gate.watch(sock)
+        for endpoint in sup.endpoints:
+            self.gate.pausable(endpoint)
+        self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
             self._curve(sup)
         for endpoint in sup.endpoints:
@@ -188,6 +199,8 @@ class Daemon:
             log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
             return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
+        self._keep_reserve()
+        self.gate.start()
         # Orphans of a worker's tree come to us, not to init: found, killed, reaped.
         linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
         sup = self.config.supervisor
@@ -247,8 +260,8 @@ class Daemon:
         on, and the next turn tries again."""
         try:
             step()
-        except Exception:
-            log.exception(event)
+        except Exception as exc:
+            self.failures.failed(event, exc, self.clock())
         self._perform()
 
     def _sleep_ms(self) -> int:
@@ -267,8 +280,8 @@ class Daemon:
         for frames in waiting(sock, BATCH_READS):
             try:
                 handler(frames)
-            except Exception:  # the daemon never dies of one message
-                log.exception("message_handling_failed")
+            except Exception as exc:  # the daemon never dies of one message
+                self.failures.failed("message_handling_failed", exc, self.clock())
             self._perform()
 
     def housekeeping(self) -> None:
@@ -325,7 +338,13 @@ class Daemon:
                 os.waitpid(pid, os.WNOHANG)
 
     def _find_trees(self) -> None:
-        for escaped in self.trees.refresh({p.pid: w for w, p in self.processes.items()}):
+        try:
+            found = self.trees.refresh({p.pid: w for w, p in self.processes.items()})
+        except OSError as exc:  # /proc unreadable now (EMFILE): the trees as last found,
+            # and the memory poll, the kills and the timers after it go on regardless
+            self.failures.failed("process_scan_failed", exc, self.clock())
+            return
+        for escaped in found:
             log.warning("descendant_escaped", worker=escaped.worker_id, pid=escaped.proc.pid,
                         killed=escaped.killed,
                         hint="it left the worker's process group; killed with what it started")
@@ -525,6 +544,7 @@ class Daemon:
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
         changes = self.core.reload(read.config, self.clock())
         self.config = self.core.config
+        self._keep_reserve()
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(read.path), **changes.summary())
         if changes.restart_required:
@@ -549,8 +569,21 @@ class Daemon:
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
                 + "\n".join(problems))
 
+    def _keep_reserve(self) -> None:
+        """The descriptors kept from clients: more workers configured need more."""
+        sup, limit = self.config.supervisor, self.gate.limit
+        workers = sum(m.workers for m in self.config.models.values())
+        self.gate.reserve = reserve(limit.soft, workers, len(sup.endpoints) + 1)
+        if limit.soft < max(LOW_LIMIT, 4 * self.gate.reserve):
+            log.warning("nofile_low", limit=limit.soft, hard_limit=limit.hard,
+                        reserve=self.gate.reserve,
+                        hint="few descriptors for client connections: raise LimitNOFILE "
+                        "(systemd) or the container runtime's nofile limit")
+
     def _close(self) -> None:
         self._refuse_latecomers()
+        with contextlib.suppress(Exception):  # its socket files back where _close finds them
+            self.gate.close()
         for process in self.processes.values():  # alive or an unreaped zombie: its group
             self.trees.take_down(process.pid)     # is its own, the worker included
         for process in self.processes.values():
