@@ -437,7 +437,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     for problem in key_problems:  # the readable keys apply; these were skipped
         print(f"warning: client key skipped: {problem}", file=sys.stderr)
     starting = [*result.get("added", []), *result.get("replaced", []),
-                *result.get("retried", [])]
+                *result.get("code_changed", []), *result.get("retried", [])]
     if starting and args.wait is None:
         print(f"new workers are starting for {', '.join(starting)}; a model whose new workers "
               "fail to load keeps its old ones serving (see `tfsupervisor status`, or reload "
@@ -472,7 +472,8 @@ def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
             return 1
         waiting = [m for m in models if not reload_settled(status["models"].get(m))]
         if not waiting:
-            print(f"serving on workers of the current settings: {', '.join(models)}")
+            print(f"serving on workers of the current settings and code: "
+                  f"{', '.join(models)}")
             return 0
         if time.monotonic() >= deadline:
             print(f"error: still starting after {args.wait:g}s: {', '.join(waiting)}",

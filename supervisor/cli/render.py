@@ -64,6 +64,8 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
         parts.append(f"leaving: {w['recycle_reason']}")
     if w.get("suspected"):
         parts.append(f"growing: {w['suspected']}")
+    if w.get("code_current") is False:
+        parts.append("runs code older than on disk (reload to roll)")
     if not parts and not w.get("warmed_up"):
         parts.append("policy warm-up")
     return "; ".join(parts)

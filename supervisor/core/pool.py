@@ -86,6 +86,7 @@ class WorkerHandle:
     held_back: Reason | None = None
     pad_dims: tuple[PadDim, ...] = ()  # the padding it was started with (its spec's)
     generation: int = 0  # its model's settings generation when it was started
+    code: str | None = None  # its model's code fingerprint then (config/fingerprint.py)
 
     @property
     def leaving(self) -> bool:
@@ -127,6 +128,10 @@ class ModelState:
     # Bumped by every reload that replaces its workers' settings: a worker of an earlier
     # generation that fails says nothing of the settings now in force (reload --wait).
     generation: int = 0
+    # Fingerprints of its code (config/fingerprint.py): the one new workers are started
+    # from (as of the start or the last reload), and the one last found on disk.
+    code: str | None = None
+    code_on_disk: str | None = None
     recycles: dict[str, int] = field(default_factory=dict)
     # (reason, cause) -> count: bounded, both are closed sets
     recycle_causes: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -210,7 +215,8 @@ class Pool:
                               jitter=self.rng.uniform(0.0, state.config.policy.jitter),
                               heartbeat_timeout=sup.heartbeat_timeout, last_heartbeat=now,
                               history=History(max(2 * state.config.policy.trend_window, 64)),
-                              pad_dims=state.config.pad_dims, generation=state.generation)
+                              pad_dims=state.config.pad_dims, generation=state.generation,
+                              code=state.code)
         self.workers[worker_id] = handle
         self.outbox.append(Spawn(worker_id, model))
         return handle

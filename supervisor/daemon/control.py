@@ -147,6 +147,8 @@ class Controller:
                 # dropped by a reload: finishing its queue, then gone
                 "removed": state.removed,
                 "last_error": state.last_error,
+                # live workers run code that differs from what is on disk: reload rolls them
+                "code_changed_on_disk": any(w["code_current"] is False for w in workers),
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
@@ -191,7 +193,12 @@ class Controller:
                                                          .requested.get(worker.id)) else None,
                 # why it grows, once its trend is judged suspect (diagnosis.py)
                 "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
-                "suspected": worker.diagnosis.summary if worker.diagnosis else None}
+                "suspected": worker.diagnosis.summary if worker.diagnosis else None,
+                # the fingerprint of the code it was started from, and whether that is the
+                # code on disk now (None: not known)
+                "code": worker.code,
+                "code_current": None if worker.code is None or (disk := self.core.pool.models[
+                    worker.model].code_on_disk) is None else worker.code == disk}
 
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:

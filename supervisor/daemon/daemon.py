@@ -27,6 +27,7 @@ from supervisor.config.settings import ConfigErrors
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
+from supervisor.daemon.codewatch import CHECK, CodeWatch, fingerprints_within
 from supervisor.daemon.control import Controller
 from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit, reserve
 from supervisor.daemon.failures import Failures
@@ -109,6 +110,7 @@ class Daemon:
             resources=self.resources.facts)
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
+        self.code = CodeWatch()  # the models' code on disk, against what workers run
         self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
@@ -199,6 +201,7 @@ class Daemon:
             log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
             return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
+        self._code_at_start()
         self._keep_reserve()
         self.gate.start()
         # Orphans of a worker's tree come to us, not to init: found, killed, reaped.
@@ -296,6 +299,7 @@ class Daemon:
         self._reap(now)
         self._reload_done(now)
         self.output.tick(now)
+        self._watch_code(now)
         targets = self.core.poll_due(now)
         if targets is not None:
             self._find_trees()
@@ -542,7 +546,7 @@ class Daemon:
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages) + note}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-        changes = self.core.reload(read.config, self.clock())
+        changes = self.core.reload(read.config, self.clock(), read.code)
         self.config = self.core.config
         self._keep_reserve()
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
@@ -568,6 +572,24 @@ class Daemon:
                   hint="the keys that could be read apply; fix or remove the others")
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
                 + "\n".join(problems))
+
+    def _code_at_start(self) -> None:
+        """What the first workers start from: the fingerprints of the models' code, read
+        with the config's deadline (a model on a hung mount: unknown until a reload)."""
+        found = fingerprints_within(self.config, CONFIG_READ_TIMEOUT)
+        if found is None:
+            log.warning("code_fingerprint_timed_out", seconds=CONFIG_READ_TIMEOUT,
+                        hint="a model's files did not answer: a reload will not see their "
+                        "code change until they do")
+        for name, state in self.core.pool.models.items():
+            state.code = state.code_on_disk = (found or {}).get(name)
+        self.code.next_check = self.clock() + CHECK  # just read
+
+    def _watch_code(self, now: float) -> None:
+        found = self.code.due(self.config, now)
+        for name, fingerprint in (found or {}).items():
+            if name in self.core.pool.models:
+                self.core.pool.models[name].code_on_disk = fingerprint
 
     def _keep_reserve(self) -> None:
         """The descriptors kept from clients: more workers configured need more."""
