@@ -155,6 +155,18 @@ def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
     return rng.integers(0, 10, shape).astype(dtype)
 
 
+def _no_random_inputs(name: str, model: dict[str, Any] | None) -> str | None:
+    """Why --random cannot make inputs for ``model`` (its entry in the models answer)."""
+    if model is None:
+        return f"model '{name}' is not served here"
+    if model.get("inputs") is not None:
+        return None
+    if model.get("ready_workers"):  # ready, and its handler declares nothing to go by
+        return (f"model '{name}' declares no inputs (its handler's `inputs` is None), so "
+                "--random has nothing to go by: give them with --input NAME=FILE.npy")
+    return f"model '{name}' has no worker ready yet: its inputs are not known"
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     from supervisor.client.client import Client, JobError
 
@@ -165,9 +177,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
         try:
             if args.random:
                 model = client.models().get(args.model)
-                if model is None or model.get("inputs") is None:
-                    print(f"model '{args.model}' is not served or its inputs are not known "
-                          "yet (no worker ready)", file=sys.stderr)
+                problem = _no_random_inputs(args.model, model)
+                if problem or model is None:
+                    print(problem, file=sys.stderr)
                     return 1
                 inputs = {s["name"]: _random_input(s, args.batch) for s in model["inputs"]}
             for item in args.input:

@@ -133,11 +133,21 @@ def render_explain(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _not_suspected(w: dict[str, Any]) -> str:
+    """No suspected cause: judged, and not growing; or not judged yet (warm-up)."""
+    if w.get("warmed_up") is False:
+        so_far = w.get("so_far")
+        grew = f"; so far {_signed(so_far['memory'])} over {so_far['jobs']:,} jobs" \
+            if so_far else ""
+        return ("not judged yet: the policy's warm-up (warmup_jobs, warmup_seconds) has not "
+                f"passed, and growth while warming up is not a trend{grew}")
+    return "no suspected cause: its memory is not growing beyond noise"
+
+
 def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
     found = w.get("diagnosis")
     out = [f"suspected cause: {found['cause']} - {found['summary']}",
-           f"remedy: {found['remedy']}"] if found else \
-        ["no suspected cause: its memory is not growing beyond noise (or not judged yet)"]
+           f"remedy: {found['remedy']}"] if found else [_not_suspected(w)]
     t = w["trends"]
     names = [("memory", "memory", True), ("graphs", "traced graphs", False),
              ("shapes", "new input shapes", False), ("py_blocks", "Python allocations", False),

@@ -140,6 +140,7 @@ class ModelState:
     next_alarm: float = 0.0  # policy_too_tight is repeated no more often than this
     next_seq: int = 1
     removed: bool = False  # dropped by a reload: finish its queue, drain, spawn none
+    told_unavailable: bool = False  # model_unavailable logged: model_available comes next
     exits: dict[ExitCause, int] = field(default_factory=dict)  # bounded: a closed set
     last_unexpected_exit: dict[str, Any] | None = None
     # What `tfsupervisor tune` reads (supervisor/core/traffic.py), in fixed room: the jobs'

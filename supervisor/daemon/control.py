@@ -77,6 +77,8 @@ class Controller:
                 "id": w.id, "slot": w.slot, "state": w.state.value, "jobs": w.jobs,
                 "memory": w.assessment.memory, "baseline": w.assessment.baseline,
                 "trends": found.fields(),
+                # in the policy's warm-up nothing is judged: what it grew so far is shown
+                "warmed_up": w.assessment.warmed_up, "so_far": _so_far(w),
                 # what accounts for the growth, per 1k jobs (None: memory does not grow)
                 "growth_split": split.fields() if split else None,
                 "probes": probes.to_wire() if probes else None,
@@ -199,6 +201,15 @@ class Controller:
                 "code": worker.code,
                 "code_current": None if worker.code is None or (disk := self.core.pool.models[
                     worker.model].code_on_disk) is None else worker.code == disk}
+
+
+def _so_far(worker: WorkerHandle) -> dict[str, int] | None:
+    """Memory and jobs from its first sample to its last (None: fewer than two)."""
+    points, last = worker.history.life.points, worker.history.last()
+    if not points or last is None or last is points[0] or last.memory is None \
+            or points[0].memory is None:
+        return None
+    return {"memory": last.memory - points[0].memory, "jobs": last.jobs - points[0].jobs}
 
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:
