@@ -198,7 +198,11 @@ def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport:
     workdir = short_tmpdir()
     endpoint = f"ipc://{workdir}/run/frontend.sock" if transport == "ipc" else \
         f"tcp://127.0.0.1:{free_port()}"
-    config = {**CONFIG, "supervisor": {"endpoints": [endpoint]}}
+    config = {"supervisor": {"endpoints": [endpoint]}, "models": {**CONFIG["models"], "leak": {
+        "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+        "options": {"bytes_per_job": 16 << 20},
+        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "max_attempts": 3}}}}
     with open(workdir / "supervisor.log", "wb") as log:
         sup = start(config, log, workdir, ("prlimit", "--nofile=512:1024"))
     try:
@@ -227,6 +231,18 @@ def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport:
             status = control(sup.admin_endpoint, "status", timeout=10)
             worker = status["models"]["m"]["workers"][0]
             assert worker["sampled_ago"] < 2.0, worker  # memory polls on schedule
+            # A worker that grows past kill_memory is killed, its job answered by the
+            # replacement (spawned out of the reserve): every bound holds during a flood.
+            for i in range(30):
+                x = np.full((1, 4), float(i), np.float32)
+                assert early.infer("leak", {"x": x})["x"][0, 0] == float(i)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not control(
+                    sup.admin_endpoint, "status", timeout=10)["models"]["leak"]["recycles"]:
+                time.sleep(0.1)
+            recycles = control(sup.admin_endpoint, "status", timeout=10)["models"]["leak"][
+                "recycles"]
+            assert recycles.get("kill_memory", 0) >= 1, recycles
         finally:
             for sock in sockets:
                 sock.close(0)
