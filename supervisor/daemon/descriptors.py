@@ -28,6 +28,7 @@ import os
 import resource
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from supervisor.daemon.failures import Failures
 from supervisor.shared import logs
 
 log = logs.get(__name__)
@@ -155,6 +157,8 @@ class Gate:
         self.connections = 0
         self.pauses = 0
         self.open_at_count = count_open() or 0
+        self.next_count = 0.0  # when the thread counts /proc/self/fd again
+        self.failures = Failures()
         self.connections_at_count = 0
         self.monitors: list[zmq.Socket[bytes]] = []
         self.listeners: dict[str, _Listener] = {}
@@ -199,10 +203,12 @@ class Gate:
         self._stop.close(0)
 
     def facts(self) -> dict[str, Any]:
-        open_now = count_open()
+        """For `status`: no /proc listing on the loop (thousands of entries under a flood),
+        the thread's count (at most RECOUNT old) moved on by the connections since."""
+        open_now = self.open_at_count + self.connections - self.connections_at_count
         return {"open": open_now, "limit": self.limit.soft, "hard_limit": self.limit.hard,
                 "raised_from": self.limit.raised_from, "reserve": self.reserve,
-                "headroom": None if open_now is None else self.limit.soft - open_now,
+                "headroom": self.limit.soft - open_now,
                 "client_connections": self.connections, "accepting": self.accepting,
                 "paused": [x.endpoint for x in self.listeners.values() if not x.open],
                 "pauses": self.pauses}
@@ -227,9 +233,9 @@ class Gate:
                 for monitor in self.monitors:
                     if monitor in ready:
                         self._events(monitor)
-                self._decide(recount=not ready)
-            except Exception:  # never the end of the thread: the next event tries again
-                log.exception("descriptor_gate_failed")
+                self._decide(recount=time.monotonic() >= self.next_count)
+            except Exception as exc:  # never the end of the thread: the next turn tries
+                self.failures.failed("descriptor_gate_failed", exc, time.monotonic())
 
     def _events(self, monitor: zmq.Socket[bytes]) -> None:
         while monitor.poll(0):
@@ -256,6 +262,7 @@ class Gate:
         estimate = self.open_at_count + self.connections - self.connections_at_count
         if recount or any(self._turn(x, estimate) for x in self.listeners.values()):
             counted = count_open()  # exact, before anything changes
+            self.next_count = time.monotonic() + RECOUNT
             estimate = self.limit.soft if counted is None else counted
             self.open_at_count, self.connections_at_count = estimate, self.connections
         paused, resumed = [], []
