@@ -477,3 +477,13 @@ def test_options_that_could_never_reach_a_worker_are_refused_by_check() -> None:
         with pytest.raises(ConfigErrors, match=f"models.m.options: options.v {said}"):
             parse_config(head + f"      v: {value}\n")
     parse_config(head + "      v: [1, 2.5, text, null, true, {k: v}]\n")  # JSON values: fine
+
+
+def test_a_yaml_error_names_the_config_file(tmp_path: Path) -> None:
+    """Not '<unicode string>': the file is read first, then parsed as text."""
+    path = tmp_path / "config.yaml"
+    path.write_text('models:\n  m: {handler: "x:y"\n  n: 3\n')
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path)
+    message = str(caught.value.errors[0])
+    assert f'in "{path}", line 2' in message and "unicode string" not in message, message

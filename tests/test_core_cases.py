@@ -752,3 +752,59 @@ def test_only_headers_of_admitted_requests_are_remembered() -> None:
     good = valid("a", 1, 2)
     world.request(good)
     assert list(world.core.admission.headers.headers) == [good[3]]
+
+
+def test_model_available_is_logged_only_after_model_unavailable() -> None:
+    """A reload's new workers that fail while the old ones serve on never made the model
+    unavailable: their recovery is no `model_available` (issue 36)."""
+    import structlog
+
+    path = Path("/tmp/tfs-core-cases/config.yaml")
+    world = World()
+    world.ready("a-1")
+    with structlog.testing.capture_logs() as logged:
+        world.core.reload(parse_config(BASE.replace('"mod:a"', '"mod:a2"'), path), world.now)
+        world.poll()
+        world.tick()
+        world.exit("a-2", WorkerExit.LOAD_ERROR)  # a-1 serves on
+        for _ in range(12):  # past the back-off (a-1 alive): tried again, and this loads
+            world.heartbeat("a-1")
+            world.tick(10.0)
+        world.poll()
+        world.tick()
+        world.ready("a-3")
+        world.poll()  # a-3 judged within its limits
+    events = [e["event"] for e in logged]
+    assert "worker_boot_failed" in events and "model_unavailable" not in events, events
+    assert "model_available" not in events, events
+
+    world = World()  # the first worker cannot load: unavailable, then available
+    with structlog.testing.capture_logs() as logged:
+        world.exit("a-1", WorkerExit.LOAD_ERROR)
+        world.tick(120.0)  # past the back-off
+        [new] = [w.id for w in world.core.pool.workers.values() if w.state is State.STARTING]
+        world.ready(new)
+        world.poll()
+    events = [e["event"] for e in logged if e["event"].startswith("model_")]
+    assert events == ["model_unavailable", "model_available"], events
+
+
+def test_explain_in_warm_up_says_not_judged_yet_and_what_it_grew() -> None:
+    """Not 'not growing beyond noise' for a worker that grew 340 MiB in its warm-up."""
+    from supervisor.cli.render import render_explain
+
+    world = World(BASE.replace("warmup_jobs: 0, warmup_seconds: 0", "warmup_jobs: 1000"))
+    world.ready("a-1")
+    world.poll()
+    for _ in range(16):
+        world.request(valid("a", 1))
+        world.answer("a-1")
+    world.memory["a-1"] += 340 << 20
+    world.tick(1.0)
+    world.poll()
+    report = Controller(world.core, dict, lambda: True, lambda: True).explain("a")["result"]
+    [worker] = report["workers"]
+    assert worker["warmed_up"] is False and worker["so_far"]["jobs"] == 16, worker
+    text = render_explain(report)
+    assert "not judged yet" in text and "+340.0MiB over 16 jobs" in text, text
+    assert "beyond noise" not in text

@@ -25,7 +25,7 @@ from supervisor.cli.render import render_status
 from supervisor.core.lifecycle import EXTERNAL_KILL_NOTE as NOTE
 from supervisor.daemon.notify import Notifier
 from supervisor.shared.exitcodes import DaemonExit
-from tests.conftest import echo_model, short_tmpdir
+from tests.conftest import echo_model, short_tmpdir, start_supervisor
 from tests.test_metric_series import promlint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -288,3 +288,24 @@ def test_an_ipc_endpoint_of_a_live_daemon_is_never_taken_over(
     assert Path(first.endpoint[len("ipc://"):]).is_socket()
     with first.client(timeout=30) as client:
         assert client.infer("m", {"x": np.ones((1, 4), np.float32)})["x"][0, 0] == 1.0
+
+
+def test_infer_random_says_when_a_handler_declares_no_inputs() -> None:
+    """Not 'no worker ready' while its workers are ready: nothing to draw inputs from."""
+    workdir = short_tmpdir()
+    (workdir / "undeclared.py").write_text(
+        "class Undeclared:\n    inputs = None\n    outputs = None\n\n"
+        "    def __call__(self, inputs):\n        return inputs\n\n\n"
+        "def make(options):\n    return Undeclared()\n")
+    sup = start_supervisor({"models": {"m": {"handler": "undeclared:make", "workers": 1}}},
+                           workdir)
+    try:
+        sup.wait_ready()
+        out = subprocess.run([sys.executable, "-m", "supervisor", "infer", "-c",
+                              str(sup.config_path), "m", "--random"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "declares no inputs" in out.stderr, out.stderr
+        assert "--input NAME=FILE.npy" in out.stderr
+    finally:
+        sup.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

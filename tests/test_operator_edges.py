@@ -302,7 +302,7 @@ def test_a_reload_whose_new_workers_cannot_load_says_so_and_keeps_the_old_ones(
     sup.config_path.write_text(yaml.safe_dump(config))
     out = _cli("reload", "-c", str(sup.config_path), "--wait", "60", timeout=90)
     assert out.returncode == 0, out
-    assert "serving on workers of the current settings: m" in out.stdout
+    assert "serving on workers of the current settings and code: m" in out.stdout
     status = sup.status()["models"]["m"]
     assert status["last_error"] is None and len(status["workers"]) == 1
 

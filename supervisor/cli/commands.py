@@ -31,6 +31,7 @@ from supervisor.config.loading import (
     load_config,
 )
 from supervisor.config.settings import ConfigErrors
+from supervisor.shared.exitcodes import DaemonExit
 
 DEFAULT_CONFIG = "config.yaml"
 
@@ -228,6 +229,16 @@ def _read_inputs(items: list[str]) -> dict[str, np.ndarray]:
     return inputs
 
 
+def _no_random_inputs(name: str, model: dict[str, Any]) -> str | None:
+    """Why --random cannot make inputs for ``model`` (its entry in the models answer)."""
+    if model.get("inputs") is not None:
+        return None
+    if model.get("ready_workers"):  # ready, and its handler declares nothing to go by
+        return (f"model '{name}' declares no inputs (its handler's `inputs` is None), so "
+                "--random has nothing to go by: give them with --input NAME=FILE.npy")
+    return f"model '{name}' has no worker ready yet: its inputs are not known"
+
+
 def cmd_infer(args: argparse.Namespace) -> int:
     from supervisor.client.client import Client, JobError, NoReply
 
@@ -240,11 +251,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
             if args.model not in served:
                 raise CommandFailed(CliExit.REFUSED, no_such_model(args.model, served))
             if args.random:
-                specs = served[args.model].get("inputs")
-                if specs is None:
-                    raise CommandFailed(CliExit.FAILED, f"the inputs of {args.model!r} are not "
-                                        "known yet: no worker of it has been ready (see "
-                                        "`tfsupervisor status`)")
+                problem = _no_random_inputs(args.model, served[args.model])
+                if problem is not None:
+                    raise CommandFailed(CliExit.FAILED, problem)
+                specs = served[args.model]["inputs"]
                 inputs = {**{s["name"]: _random_input(s, args.batch) for s in specs}, **inputs}
             outputs = client.infer(args.model, inputs)
         except NoReply as exc:
@@ -470,7 +480,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     for problem in key_problems:  # the readable keys apply; these were skipped
         print(f"warning: client key skipped: {problem}", file=sys.stderr)
     starting = [*result.get("added", []), *result.get("replaced", []),
-                *result.get("retried", [])]
+                *result.get("code_changed", []), *result.get("retried", [])]
     if starting and args.wait is None:
         print(f"new workers are starting for {', '.join(starting)}; a model whose new workers "
               "fail to load keeps its old ones serving (see `tfsupervisor status`, or reload "
@@ -520,7 +530,8 @@ def _wait_for_workers(endpoint: str, args: argparse.Namespace) -> int:
             return 1
         waiting = [m for m in models if not reload_settled(status["models"].get(m))]
         if not waiting:
-            print(f"serving on workers of the current settings: {', '.join(models)}")
+            print(f"serving on workers of the current settings and code: "
+                  f"{', '.join(models)}")
             return 0
         if time.monotonic() >= deadline:
             print(f"error: still starting after {args.wait:g}s: {', '.join(waiting)}",
@@ -699,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {failed.message}", file=sys.stderr)
         return int(failed.status)
     except BrokenPipeError:
+        if args.func is cmd_run:  # the daemon's status is the truth: never 0 for a failure
+            return int(DaemonExit.START_FAILED)
         # The reader went away (`tfsupervisor explain ... | head`): not a failure of the
         # command. Python would report the broken pipe again when it flushes stdout at
         # exit, so stdout goes to /dev/null first.

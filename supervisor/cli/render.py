@@ -28,9 +28,8 @@ def render_status(report: dict[str, Any]) -> str:
     head = ["STOPPING: draining (queued and running jobs are answered, new ones get "
             "shutting_down; not ready)", ""] if report.get("stopping") else []
     budget = _budget_line(report.get("memory_budget"))
-    return "\n".join([*head, *lines, "", *notes, *([budget] if budget else [])])
-
-
+    return "\n".join([*head, *lines, "", *notes, *_supervisor_notes(report.get("supervisor")),
+                      *([budget] if budget else [])])
 def _budget_line(budget: dict[str, Any] | None) -> str | None:
     """The container's memory, when the daemon runs under a cgroup limit."""
     if not budget or (budget.get("limit") is None and budget.get("high") is None):
@@ -42,6 +41,22 @@ def _budget_line(budget: dict[str, Any] | None) -> str | None:
             f"headroom {format_size(budget.get('headroom'))} (kill buffer "
             f"{format_size(budget['kill_buffer'])}); kernel OOM kills since start: "
             f"{budget['oom_kills']}")
+
+
+def _supervisor_notes(own: dict[str, Any] | None) -> list[str]:
+    """The daemon's own resources, when one needs attention."""
+    if not own:
+        return []
+    notes = []
+    if own.get("log_lines_dropped"):
+        notes.append(f"supervisor: {own['log_lines_dropped']} LOG LINE(S) DROPPED, its log "
+                     f"output fails ({own.get('log_error')}); it serves on")
+    fds = own.get("descriptors") or {}
+    if fds.get("paused"):
+        notes.append(f"supervisor: NEW CONNECTIONS PAUSED on {', '.join(fds['paused'])}: "
+                     f"{fds.get('open')} of {fds.get('limit')} descriptors open, "
+                     f"{fds.get('reserve')} kept in reserve (raise LimitNOFILE)")
+    return notes
 
 
 def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
@@ -62,6 +77,8 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
         parts.append(f"leaving: {w['recycle_reason']}")
     if w.get("suspected"):
         parts.append(f"growing: {w['suspected']}")
+    if w.get("code_current") is False:
+        parts.append("runs code older than on disk (reload to roll)")
     if not parts and not w.get("warmed_up"):
         parts.append("policy warm-up")
     return "; ".join(parts)
@@ -141,11 +158,21 @@ def render_explain(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _not_suspected(w: dict[str, Any]) -> str:
+    """No suspected cause: judged, and not growing; or not judged yet (warm-up)."""
+    if w.get("warmed_up") is False:
+        so_far = w.get("so_far")
+        grew = f"; so far {_signed(so_far['memory'])} over {so_far['jobs']:,} jobs" \
+            if so_far else ""
+        return ("not judged yet: the policy's warm-up (warmup_jobs, warmup_seconds) has not "
+                f"passed, and growth while warming up is not a trend{grew}")
+    return "no suspected cause: its memory is not growing beyond noise"
+
+
 def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
     found = w.get("diagnosis")
     out = [f"suspected cause: {found['cause']} - {found['summary']}",
-           f"remedy: {found['remedy']}"] if found else \
-        ["no suspected cause: its memory is not growing beyond noise (or not judged yet)"]
+           f"remedy: {found['remedy']}"] if found else [_not_suspected(w)]
     t = w["trends"]
     names = [("memory", "memory", True), ("graphs", "traced graphs", False),
              ("shapes", "new input shapes", False), ("py_blocks", "Python allocations", False),

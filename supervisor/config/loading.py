@@ -110,6 +110,15 @@ def _text(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _named(exc: yaml.YAMLError, file: Path | None) -> yaml.YAMLError:
+    """The error's positions name the file, not '<unicode string>' (the text was read
+    first, so that a hung mount cannot block the parser)."""
+    for mark in (getattr(exc, "context_mark", None), getattr(exc, "problem_mark", None)):
+        if mark is not None and file is not None:
+            mark.name = str(file)
+    return exc
+
+
 def _safe_load(text: str) -> Any:
     """YAML through libyaml (fast); a file it refuses is parsed again by PyYAML's own parser,
     whose error shows the offending line with a caret (libyaml's gives a position only)."""
@@ -169,7 +178,8 @@ def _parse_config(text: str, file: Path | None) -> Config:
     try:
         raw = _safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigErrors([ConfigError("", f"not valid YAML: {exc}")]) from None
+        raise ConfigErrors([ConfigError("", f"not valid YAML: {_named(exc, file)}")]) \
+            from None
     except RecursionError:
         raise ConfigErrors([ConfigError("", "not valid YAML: nested too deeply")]) from None
     except ValueError as exc:  # a value YAML matched but Python cannot build: a 5000-digit

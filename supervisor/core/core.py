@@ -444,9 +444,14 @@ class Core:
         return (self.shutdown_started is not None and not self.pool.workers
                 and not self.router.pending())
 
-    def reload(self, new: Config, now: float) -> reloading.ReloadPlan:
-        """Apply a validated config in place (the daemon read and validated the file)."""
+    def reload(self, new: Config, now: float,
+               code: Mapping[str, str] | None = None) -> reloading.ReloadPlan:
+        """Apply a validated config in place (the daemon read and validated the file);
+        ``code``: each model's code fingerprint on disk, read with it."""
         changes = reloading.plan(self.config, new)
+        if code is not None:
+            changes.code_changed = reloading.code_changed(
+                changes, {n: s.code for n, s in self.pool.models.items()}, code)
         config = reloading.effective(self.config, new)
         self.config = self.pool.config = config
         sup = config.supervisor
@@ -460,7 +465,10 @@ class Core:
         for name in changes.updated + changes.replaced:
             state = self.pool.models[name]
             state.config, state.removed = config.models[name], False
-        for name in changes.replaced:
+        for name, fingerprint in (code or {}).items():
+            if name in self.pool.models:  # what new workers start from, from now on
+                self.pool.models[name].code = fingerprint
+        for name in changes.replaced + changes.code_changed:
             self.pool.models[name].generation += 1
             self._retry_at_once(name)
             self.recycler.request(name, None, Reason.RELOAD)
@@ -468,7 +476,8 @@ class Core:
         # is tried again now, not at the end of its back-off.
         changes.retried = [name for name, state in self.pool.models.items()
                            if state.failures and not state.removed
-                           and name not in changes.replaced and name in config.models]
+                           and name not in changes.replaced + changes.code_changed
+                           and name in config.models]
         for name in changes.retried:  # files it points at may be fixed: a new generation
             self.pool.models[name].generation += 1
             self._retry_at_once(name)

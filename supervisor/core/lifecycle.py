@@ -130,6 +130,7 @@ class Lifecycle:
                   retry_in_seconds=delay)
         if was_available and not self.pool.ready(worker.model):
             log.error("model_unavailable", model=worker.model, error=error)
+            state.told_unavailable = True
         self.kill(worker, Reason.START_TIMEOUT, now)
 
     def _lose_jobs(self, worker: WorkerHandle, why: str, cause: Reason) -> None:
@@ -170,6 +171,7 @@ class Lifecycle:
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay, error=error)
             if was_available and not self.pool.ready(worker.model):
                 log.error("model_unavailable", model=worker.model, error=error)
+                state.told_unavailable = True
         elif not asked:  # even with status 0: nobody asked it to go
             log.warning("worker_died", **fields)
         else:

@@ -86,6 +86,7 @@ class WorkerHandle:
     held_back: Reason | None = None
     pad_dims: tuple[PadDim, ...] = ()  # the padding it was started with (its spec's)
     generation: int = 0  # its model's settings generation when it was started
+    code: str | None = None  # its model's code fingerprint then (config/fingerprint.py)
 
     @property
     def leaving(self) -> bool:
@@ -127,6 +128,10 @@ class ModelState:
     # Bumped by every reload that replaces its workers' settings: a worker of an earlier
     # generation that fails says nothing of the settings now in force (reload --wait).
     generation: int = 0
+    # Fingerprints of its code (config/fingerprint.py): the one new workers are started
+    # from (as of the start or the last reload), and the one last found on disk.
+    code: str | None = None
+    code_on_disk: str | None = None
     recycles: dict[str, int] = field(default_factory=dict)
     # (reason, cause) -> count: bounded, both are closed sets
     recycle_causes: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -135,6 +140,7 @@ class ModelState:
     next_alarm: float = 0.0  # policy_too_tight is repeated no more often than this
     next_seq: int = 1
     removed: bool = False  # dropped by a reload: finish its queue, drain, spawn none
+    told_unavailable: bool = False  # model_unavailable logged: model_available comes next
     exits: dict[ExitCause, int] = field(default_factory=dict)  # bounded: a closed set
     last_unexpected_exit: dict[str, Any] | None = None
     # What `tfsupervisor tune` reads (supervisor/core/traffic.py), in fixed room: the jobs'
@@ -210,7 +216,8 @@ class Pool:
                               jitter=self.rng.uniform(0.0, state.config.policy.jitter),
                               heartbeat_timeout=sup.heartbeat_timeout, last_heartbeat=now,
                               history=History(max(2 * state.config.policy.trend_window, 64)),
-                              pad_dims=state.config.pad_dims, generation=state.generation)
+                              pad_dims=state.config.pad_dims, generation=state.generation,
+                              code=state.code)
         self.workers[worker_id] = handle
         self.outbox.append(Spawn(worker_id, model))
         return handle

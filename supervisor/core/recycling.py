@@ -129,8 +129,9 @@ class Recycler:
         state = self.pool.models[worker.model]
         if not self.pool.of_current_settings(worker):
             return  # serving on settings a reload replaced says nothing of the new ones
-        if state.unavailable:
+        if state.told_unavailable:  # not when old workers served on all along
             log.info("model_available", model=worker.model)
+            state.told_unavailable = False
         state.failures, state.last_error, state.backoff_until = 0, None, 0.0
 
     def _over_limit_from_start(self, worker: WorkerHandle, verdict: Verdict,

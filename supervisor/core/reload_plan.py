@@ -3,7 +3,8 @@
 - Policy and worker-count changes apply at once; nothing restarts for them.
 - Added models start; removed models stop taking requests, finish their queue, drain, stop.
 - Models whose source, options, environment, TF or probe settings changed get new workers,
-  worker by worker, replacement first (the ordinary recycle path, reason "reload").
+  worker by worker, replacement first (the ordinary recycle path, reason "reload"); so do
+  models whose code changed on disk beside an unchanged config (its fingerprint).
 - The sockets (endpoints, control, runtime dir, message size) are kept: changing them takes
   a restart, and the reload says so.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ class ReloadPlan:
     removed: list[str] = field(default_factory=list)
     replaced: list[str] = field(default_factory=list)  # new workers needed
     updated: list[str] = field(default_factory=list)  # policy / worker count, in place
+    code_changed: list[str] = field(default_factory=list)  # same settings, new code on disk
     settings: list[str] = field(default_factory=list)  # supervisor settings now in effect
     restart_required: list[str] = field(default_factory=list)
     # Models whose workers were failing to start, started again at once: the operator may
@@ -60,6 +63,15 @@ def plan(old: Config, new: Config) -> ReloadPlan:
             result.restart_required:
         result.restart_required.append("supervisor.runtime_dir")
     return result
+
+
+def code_changed(changes: ReloadPlan, running: Mapping[str, str | None],
+                 on_disk: Mapping[str, str]) -> list[str]:
+    """Models kept with their settings whose code on disk is not what their workers were
+    started from (a fingerprint unknown before, say a read that timed out, is no change)."""
+    renewed = {*changes.added, *changes.replaced, *changes.removed}
+    return [name for name, code in on_disk.items() if name not in renewed
+            and running.get(name) is not None and running.get(name) != code]
 
 
 def effective(old: Config, new: Config) -> Config:

@@ -25,8 +25,10 @@ ADMIN_COMMANDS = ("recycle", "reload")
 
 class Controller:
     def __init__(self, core: Core, reload: Callable[[Answer], None],
-                 serving: Callable[[], bool], ready: Callable[[], bool]) -> None:
+                 serving: Callable[[], bool], ready: Callable[[], bool],
+                 resources: Callable[[], dict[str, Any]] = dict) -> None:
         self.core = core
+        self.resources = resources  # the daemon's own: log lines dropped, descriptors
         self.reload = reload
         self.serving = serving  # past start-up (READY=1 sent) and not stopping
         self.ready = ready  # serving, and every required model has a ready worker now
@@ -76,6 +78,8 @@ class Controller:
                 "id": w.id, "slot": w.slot, "state": w.state.value, "jobs": w.jobs,
                 "memory": w.assessment.memory, "baseline": w.assessment.baseline,
                 "trends": found.fields(),
+                # in the policy's warm-up nothing is judged: what it grew so far is shown
+                "warmed_up": w.assessment.warmed_up, "so_far": _so_far(w),
                 # what accounts for the growth, per 1k jobs (None: memory does not grow)
                 "growth_split": split.fields() if split else None,
                 "probes": probes.to_wire() if probes else None,
@@ -151,6 +155,8 @@ class Controller:
                 # dropped by a reload: finishing its queue, then gone
                 "removed": state.removed,
                 "last_error": state.last_error,
+                # live workers run code that differs from what is on disk: reload rolls them
+                "code_changed_on_disk": any(w["code_current"] is False for w in workers),
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching.max_batch_size),
             }
@@ -159,7 +165,8 @@ class Controller:
                 "memory_budget": self.core.budget.snapshot(
                     self.core.config.supervisor.min_available_memory),
                 # the file a reload re-reads (`reload -c` another file names it)
-                "config": _config_file(self.core.config.path)}
+                "config": _config_file(self.core.config.path),
+                "supervisor": self.resources()}
 
     def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
         count, rows = self.core.router.batches.get(model, (0, 0))
@@ -198,7 +205,21 @@ class Controller:
                                                          .requested.get(worker.id)) else None,
                 # why it grows, once its trend is judged suspect (diagnosis.py)
                 "suspected_cause": worker.diagnosis.cause.value if worker.diagnosis else None,
-                "suspected": worker.diagnosis.summary if worker.diagnosis else None}
+                "suspected": worker.diagnosis.summary if worker.diagnosis else None,
+                # the fingerprint of the code it was started from, and whether that is the
+                # code on disk now (None: not known)
+                "code": worker.code,
+                "code_current": None if worker.code is None or (disk := self.core.pool.models[
+                    worker.model].code_on_disk) is None else worker.code == disk}
+
+
+def _so_far(worker: WorkerHandle) -> dict[str, int] | None:
+    """Memory and jobs from its first sample to its last (None: fewer than two)."""
+    points, last = worker.history.life.points, worker.history.last()
+    if not points or last is None or last is points[0] or last.memory is None \
+            or points[0].memory is None:
+        return None
+    return {"memory": last.memory - points[0].memory, "jobs": last.jobs - points[0].jobs}
 
 
 def _wire(specs: list[TensorSpec] | None) -> list[dict[str, object]] | None:

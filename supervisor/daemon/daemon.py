@@ -29,11 +29,15 @@ from supervisor.core.budget import sizing_problem
 from supervisor.core.core import Core
 from supervisor.daemon import security, startup
 from supervisor.daemon.cgroup import CgroupReader
+from supervisor.daemon.codewatch import CHECK, CodeWatch, fingerprints_within
 from supervisor.daemon.control import Controller
+from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit, reserve
+from supervisor.daemon.failures import Failures
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
+from supervisor.daemon.resources import Resources
 from supervisor.daemon.signals import SignalInbox
 from supervisor.daemon.tree import Trees
 from supervisor.daemon.worker_output import WorkerOutput
@@ -100,11 +104,18 @@ class Daemon:
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
         self.reporter = Reporter(self.core.pool, self.core.router, clock(), self.core.budget,
                                  clock)
+        # Raised before any socket or worker: libzmq and the workers see the new limit.
+        self.gate = Gate(self.context, raise_limit())  # descriptors for the daemon's own work
+        self.resources = Resources(self.gate)
+        self.reporter.metrics.registry.register(self.resources)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
-            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None))
+            ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
+            resources=self.resources.facts)
         self.signals = SignalInbox()
+        self.failures = Failures()  # what the loop survives, logged without flooding
+        self.code = CodeWatch()  # the models' code on disk, against what workers run
         self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
@@ -136,6 +147,12 @@ class Daemon:
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)
         for sock in self._sockets():
             sock.setsockopt(zmq.LINGER, 1000)
+        for sock in (self.frontend, self.control):  # what clients reach: paused when
+            sock.setsockopt(zmq.BACKLOG, BACKLOG)  # descriptors run short (descriptors.py)
+            self.gate.watch(sock)
+        for endpoint in sup.endpoints:
+            self.gate.pausable(endpoint)
+        self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
             self._curve(sup)
         for endpoint in sup.endpoints:
@@ -189,6 +206,9 @@ class Daemon:
             log.exception("supervisor_start_failed", exit_code=int(DaemonExit.START_FAILED))
             return self._failed_start(DaemonExit.START_FAILED, str(exc), logged=True)
         self.signals.install()
+        self._code_at_start()
+        self._keep_reserve()
+        self.gate.start()
         # Orphans of a worker's tree come to us, not to init: found, killed, reaped.
         linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)
         sup = self.config.supervisor
@@ -269,8 +289,8 @@ class Daemon:
         on, and the next turn tries again."""
         try:
             step()
-        except Exception:
-            log.exception(event)
+        except Exception as exc:
+            self.failures.failed(event, exc, self.clock())
         self._perform()
 
     def _sleep_ms(self) -> int:
@@ -289,8 +309,8 @@ class Daemon:
         for frames in waiting(sock, BATCH_READS):
             try:
                 handler(frames)
-            except Exception:  # the daemon never dies of one message
-                log.exception("message_handling_failed")
+            except Exception as exc:  # the daemon never dies of one message
+                self.failures.failed("message_handling_failed", exc, self.clock())
             self._perform()
 
     def housekeeping(self) -> None:
@@ -305,6 +325,7 @@ class Daemon:
         self._reap(now)
         self._reload_done(now)
         self.output.tick(now)
+        self._watch_code(now)
         targets = self.core.poll_due(now)
         if targets is not None:
             self._find_trees()
@@ -348,7 +369,13 @@ class Daemon:
                 os.waitpid(pid, os.WNOHANG)
 
     def _find_trees(self) -> None:
-        for escaped in self.trees.refresh({p.pid: w for w, p in self.processes.items()}):
+        try:
+            found = self.trees.refresh({p.pid: w for w, p in self.processes.items()})
+        except OSError as exc:  # /proc unreadable now (EMFILE): the trees as last found,
+            # and the memory poll, the kills and the timers after it go on regardless
+            self.failures.failed("process_scan_failed", exc, self.clock())
+            return
+        for escaped in found:
             log.warning("descendant_escaped", worker=escaped.worker_id, pid=escaped.proc.pid,
                         killed=escaped.killed,
                         hint="it left the worker's process group; killed with what it started")
@@ -553,8 +580,9 @@ class Daemon:
             return {"ok": False, "error": "config rejected, running config kept:\n" +
                     "\n".join(messages) + note}
         self.reporter.notifier.reloading(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000)
-        changes = self.core.reload(read.config, self.clock())
+        changes = self.core.reload(read.config, self.clock(), read.code)
         self.config = self.core.config
+        self._keep_reserve()
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
         log.info("config_reloaded", path=str(read.path), **changes.summary())
         self._check_budget()
@@ -580,8 +608,39 @@ class Daemon:
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
                 + "\n".join(problems))
 
+    def _code_at_start(self) -> None:
+        """What the first workers start from: the fingerprints of the models' code, read
+        with the config's deadline (a model on a hung mount: unknown until a reload)."""
+        found = fingerprints_within(self.config, CONFIG_READ_TIMEOUT)
+        if found is None:
+            log.warning("code_fingerprint_timed_out", seconds=CONFIG_READ_TIMEOUT,
+                        hint="a model's files did not answer: a reload will not see their "
+                        "code change until they do")
+        for name, state in self.core.pool.models.items():
+            state.code = state.code_on_disk = (found or {}).get(name)
+        self.code.next_check = self.clock() + CHECK  # just read
+
+    def _watch_code(self, now: float) -> None:
+        found = self.code.due(self.config, now)
+        for name, fingerprint in (found or {}).items():
+            if name in self.core.pool.models:
+                self.core.pool.models[name].code_on_disk = fingerprint
+
+    def _keep_reserve(self) -> None:
+        """The descriptors kept from clients: more workers configured need more."""
+        sup, limit = self.config.supervisor, self.gate.limit
+        workers = sum(m.workers for m in self.config.models.values())
+        self.gate.reserve = reserve(limit.soft, workers, len(sup.endpoints) + 1)
+        if limit.soft < max(LOW_LIMIT, 4 * self.gate.reserve):
+            log.warning("nofile_low", limit=limit.soft, hard_limit=limit.hard,
+                        reserve=self.gate.reserve,
+                        hint="few descriptors for client connections: raise LimitNOFILE "
+                        "(systemd) or the container runtime's nofile limit")
+
     def _close(self) -> None:
         self._refuse_latecomers()
+        with contextlib.suppress(Exception):  # its socket files back where _close finds them
+            self.gate.close()
         for process in self.processes.values():  # alive or an unreaped zombie: its group
             self.trees.take_down(process.pid)     # is its own, the worker included
         for process in self.processes.values():

@@ -25,6 +25,7 @@ from typing import Any
 from supervisor.config.keys import Config, CurveConfig
 from supervisor.config.loading import load_config
 from supervisor.daemon import security
+from supervisor.daemon.codewatch import fingerprints
 
 Answer = Callable[[dict[str, Any]], None]
 
@@ -38,6 +39,7 @@ class Read:
     # (keys, problems), set at once when read: applied even if the config read then hangs
     keys: tuple[dict[str, dict[bytes, bool]], list[str]] | None = None
     config: Config | None = None
+    code: dict[str, str] | None = None  # each model's code fingerprint, read with it
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -48,6 +50,7 @@ class Read:
                 self.keys = security.reread_clients(self.curve)
             if self.path is not None:
                 self.config = load_config(self.path)
+                self.code = fingerprints(self.config)
         except BaseException as exc:  # reported by the loop, never raised in this thread
             self.error = exc
         finally:

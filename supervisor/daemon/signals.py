@@ -24,6 +24,10 @@ class SignalInbox:
         signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, self._record)
+        # A write to a pipe whose reader went away (the log output, a client's) fails with
+        # EPIPE, which the writer handles, instead of killing the daemon. Python ignores
+        # SIGPIPE already; said here so that nothing loaded later can undo it unnoticed.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
     def wake(self) -> None:
         """Make the poller return now (from any thread: a reload's read that is done)."""

@@ -1,0 +1,105 @@
+"""A reload serves the code on disk (issue 36): a handler module rewritten beside an unchanged
+config is noticed (`status`), and `reload --wait` rolls the workers onto it, one at a time,
+replacement first, and says when the new code serves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from supervisor.config.fingerprint import fingerprint
+from supervisor.config.loading import load_config
+from supervisor.testing import Supervisor, short_tmpdir, start_supervisor
+
+HANDLER = '''
+import numpy as np
+from supervisor.shared.protocol import TensorSpec
+
+VERSION = {version}
+
+
+class Versioned:
+    inputs = [TensorSpec("x", "float32", (None, 4))]
+    outputs = None
+
+    def __call__(self, inputs):
+        return {{"version": np.full((len(inputs["x"]), 1), VERSION, np.float32)}}
+
+
+def make(options):
+    return Versioned()
+'''
+
+
+def write_handler(folder: Path, version: int) -> None:
+    (folder / "versioned.py").write_text(HANDLER.format(version=version))
+
+
+def served_version(sup: Supervisor) -> float:
+    with sup.client(timeout=30) as client:
+        return float(client.infer("m", {"x": np.zeros((1, 4), np.float32)})["version"][0, 0])
+
+
+def test_a_rewritten_handler_is_flagged_and_served_after_reload_wait() -> None:
+    workdir = short_tmpdir()
+    write_handler(workdir, 1)
+    config = {"models": {"m": {"handler": "versioned:make", "workers": 2}}}
+    sup = start_supervisor(config, workdir)
+    try:
+        sup.wait_ready()
+        assert served_version(sup) == 1.0
+        first = {w["id"] for w in sup.workers("m")}
+        assert all(w["code_current"] for w in sup.workers("m"))
+        write_handler(workdir, 2)
+        os.utime(workdir / "versioned.py", ns=(1, 1))  # same size: the content still counts
+        flagged = sup.wait_for(lambda s: s["models"]["m"]["code_changed_on_disk"], 30,
+                               "status to say the workers run code older than on disk")
+        assert not any(w["code_current"] for w in flagged["models"]["m"]["workers"])
+        assert served_version(sup) == 1.0  # nothing rolls before the reload
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor", "reload", "-c", str(sup.config_path),
+             "--wait", "60"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "code_changed m" in done.stdout and "serving on" in done.stdout, done.stdout
+        status = sup.status()["models"]["m"]
+        assert not status["code_changed_on_disk"]
+        assert not {w["id"] for w in status["workers"]} & first  # every worker rolled
+        assert status["recycles"].get("reload") == 2
+        for _ in range(10):  # every worker serves the new code
+            assert served_version(sup) == 2.0
+        # unchanged code: a reload rolls nothing
+        again = subprocess.run(
+            [sys.executable, "-m", "supervisor", "reload", "-c", str(sup.config_path)],
+            capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "code_changed" not in again.stdout, again.stdout
+    finally:
+        sup.stop()
+
+
+def test_the_fingerprint_follows_the_handler_package_and_the_files_options_name(
+        tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "handler.py").write_text("def make(o): ...\n")
+    (package / "helper.py").write_text("X = 1\n")
+    (tmp_path / "vocab.txt").write_text("a b c\n")
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  m:\n    handler: pkg.handler:make\n    options: {vocab: vocab.txt}\n")
+    model = load_config(tmp_path / "config.yaml").models["m"]
+    before = fingerprint(model, tmp_path)
+    assert fingerprint(model, tmp_path) == before  # stable
+    (package / "helper.py").write_text("X = 2\n")  # a module beside the handler's
+    helper = fingerprint(model, tmp_path)
+    assert helper != before
+    (tmp_path / "vocab.txt").write_text("a b d\n")  # a file the options name
+    assert fingerprint(model, tmp_path) != helper
+    (package / "__pycache__").mkdir()  # what Python writes there is not a change
+    (package / "__pycache__" / "helper.cpython-311.pyc").write_bytes(b"\0")
+    last = fingerprint(model, tmp_path)
+    (package / "__pycache__" / "helper.cpython-311.pyc").write_bytes(b"\1\1")
+    assert fingerprint(model, tmp_path) == last

@@ -1,0 +1,277 @@
+"""The daemon outlives its own resources (issue 36): its log output, its file descriptors.
+
+Real faults, real daemon: a pipe whose reader exits, a tiny tmpfs that fills up (mounted by
+the test: CI runs as root), a `nofile` limit set with prlimit, many real client connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pytest
+import yaml
+
+from supervisor.client import Client, control
+from supervisor.daemon.descriptors import RESERVE_BASE
+from supervisor.testing import Supervisor, short_tmpdir
+from tests.conftest import echo_model
+
+CONFIG = {"models": {"m": echo_model(workers=1)}}
+
+
+def start(config: dict[str, Any], output: int | IO[bytes], workdir: Path,
+          wrapper: tuple[str, ...] = ()) -> Supervisor:
+    """`tfsupervisor run` with its log output (stdout and stderr) going to ``output``."""
+    runtime_dir = workdir / "run"
+    config = {**config, "supervisor": {"runtime_dir": str(runtime_dir), "poll_interval": "0.2s",
+                                       **config.get("supervisor", {})}}
+    config_path = workdir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    process = subprocess.Popen(
+        [*wrapper, sys.executable, "-m", "supervisor", "run", "-c", str(config_path),
+         "--log-format", "json"],
+        stdout=output, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Supervisor(process, config_path, runtime_dir, workdir / "supervisor.log")
+
+
+def answered(sup: Supervisor, jobs: int, endpoint: str | None = None) -> None:
+    """``jobs`` jobs from a new client, each answered with its own value."""
+    with Client(endpoint or sup.endpoint, timeout=30) as client:
+        for i in range(jobs):
+            x = np.full((1, 4), float(i), dtype=np.float32)
+            assert client.infer("m", {"x": x})["x"][0, 0] == float(i)
+
+
+def recycled(sup: Supervisor) -> None:
+    """A recycle, done: it logs several events (started, spawned, ready, stopped)."""
+    before = {w["id"] for w in sup.workers("m")}
+    sup.admin("recycle", model="m")
+    sup.wait_for(lambda s: (ids := {w["id"] for w in s["models"]["m"]["workers"]
+                                    if w["state"] == "ready"}) and not ids & before,
+                 60, "the recycled worker replaced")
+
+
+def dropped(sup: Supervisor) -> dict[str, Any]:
+    own: dict[str, Any] = sup.status()["supervisor"]
+    return own
+
+
+def stopped(sup: Supervisor) -> int:
+    sup.process.send_signal(signal.SIGTERM)
+    return sup.process.wait(60)
+
+
+def test_a_closed_log_pipe_neither_stops_the_daemon_nor_ends_it_as_a_success() -> None:
+    """What a service sees when journald restarts: its output pipe's reader is gone. Every
+    line after that fails with EPIPE: dropped and counted; the daemon serves on, and its
+    exit status stays the truth (0 only for a stop asked for by a signal)."""
+    workdir = short_tmpdir()
+    reader, writer = os.pipe()
+    sup = start(CONFIG, writer, workdir)
+    os.close(writer)
+    try:
+        sup.wait_ready()
+        os.close(reader)  # the reader exits
+        recycled(sup)  # logs: each line fails with EPIPE
+        answered(sup, 20)
+        own = dropped(sup)
+        assert own["log_lines_dropped"] > 0 and "BrokenPipe" in own["log_error"], own
+        assert sup.process.poll() is None
+        assert stopped(sup) == 0  # asked to stop, stopped after draining: the truth
+    finally:
+        sup.stop()
+
+
+@contextlib.contextmanager
+def tmpfs(size: str) -> Iterator[Path]:
+    """A tiny file system of its own, unmounted whatever happens."""
+    mount = short_tmpdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+                   check=True)
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=False)  # a file still open
+        mount.rmdir()
+
+
+def fill(path: Path, append_to: Path) -> None:
+    """No byte left on ``path``'s file system: a filler file takes the free pages, then the
+    log file's own last page is topped up (a short line could still fit in it)."""
+    with open(path, "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+    with open(append_to, "ab", buffering=0) as log, contextlib.suppress(OSError):
+        while True:
+            log.write(b"\n")
+
+
+def test_a_full_log_disk_drops_lines_and_says_so_when_there_is_room_again() -> None:
+    assert os.geteuid() == 0, "mounts a tmpfs: run as root (CI does)"
+    workdir = short_tmpdir()
+    with tmpfs("1m") as disk:
+        log_path = disk / "supervisor.log"
+        with open(log_path, "ab") as log:
+            sup = start(CONFIG, log, workdir)
+        try:
+            sup.wait_ready()
+            fill(disk / "filler", log_path)
+            recycled(sup)  # its lines meet ENOSPC
+            answered(sup, 20)
+            own = dropped(sup)
+            assert own["log_lines_dropped"] > 0 and "No space left" in own["log_error"], own
+            lost = own["log_lines_dropped"]
+            (disk / "filler").unlink()
+            recycled(sup)  # room again: the count comes first, then the lines themselves
+            lines = [json.loads(line) for line in log_path.read_text().splitlines()
+                     if line.startswith("{")]
+            told = [e for e in lines if e["event"] == "log_lines_dropped"]
+            assert told and told[0]["count"] >= lost and "No space" in told[0]["error"], told
+            assert lines[-1]["event"] != "log_lines_dropped"  # the lines after it, written
+            assert stopped(sup) == 0
+        finally:
+            sup.stop()
+
+
+def test_a_log_line_is_written_once_and_never_retried(tmp_path: Path) -> None:
+    """The sink in-process, on a pipe whose reader has gone: one write per line (no loop),
+    no exception, the loss counted and told on the next line that gets through."""
+    from supervisor.shared.logs import Sink
+
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w") as stream:
+        sink = Sink(stream)
+        sink.render = lambda _, __, event: json.dumps(event)
+        for _ in range(3):
+            sink.write('{"event": "x"}')
+        assert (sink.dropped, sink.untold) == (3, 3)
+        assert sink.last_error is not None and "Broken pipe" in sink.last_error
+    target = tmp_path / "log"
+    with open(target, "w") as stream:
+        sink.stream = stream
+        sink.write('{"event": "y"}')
+    events = [json.loads(line)["event"] for line in target.read_text().splitlines()]
+    assert events == ["log_lines_dropped", "y"] and sink.untold == 0 and sink.dropped == 3
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def flood(endpoint: str, count: int) -> tuple[Any, list[Any]]:
+    """``count`` real client connections (DEALER sockets, as clients open them)."""
+    import zmq
+
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, count + 16)
+    sockets = []
+    for _ in range(count):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sockets.append(sock)
+    return context, sockets
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport: str) -> None:
+    """libzmq aborts the daemon when an ipc accept meets EMFILE (and spins on tcp): with
+    `nofile` at 1024 and 1500 connections, new connections wait instead, the ones open serve
+    on, housekeeping keeps its schedule, and connections are taken again once they close."""
+
+    workdir = short_tmpdir()
+    endpoint = f"ipc://{workdir}/run/frontend.sock" if transport == "ipc" else \
+        f"tcp://127.0.0.1:{free_port()}"
+    config = {"supervisor": {"endpoints": [endpoint]}, "models": {**CONFIG["models"], "leak": {
+        "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+        "options": {"bytes_per_job": 16 << 20},
+        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "max_attempts": 3}}}}
+    with open(workdir / "supervisor.log", "wb") as log:
+        sup = start(config, log, workdir, ("prlimit", "--nofile=512:1024"))
+    try:
+        sup.wait_ready()
+        own = dropped(sup)["descriptors"]
+        assert (own["limit"], own["raised_from"]) == (1024, 512), own  # raised at start
+        early = Client(endpoint, timeout=30)
+        early.infer("m", {"x": np.zeros((1, 4), np.float32)})  # connected before the flood
+        context, sockets = flood(endpoint, 1500)
+        try:
+            deadline = time.monotonic() + 60
+            paused = {}
+            while time.monotonic() < deadline:
+                assert sup.process.poll() is None, sup.log()[-3000:]
+                paused = control(sup.admin_endpoint, "status", timeout=10)["supervisor"]
+                if not paused["descriptors"]["accepting"]:
+                    break
+                time.sleep(0.1)
+            descriptors = paused["descriptors"]
+            assert not descriptors["accepting"], descriptors
+            # what the daemon's own work needs is still there
+            assert descriptors["headroom"] >= RESERVE_BASE, descriptors
+            for i in range(20):  # the connections open serve on
+                x = np.full((1, 4), float(i), np.float32)
+                assert early.infer("m", {"x": x})["x"][0, 0] == float(i)
+            status = control(sup.admin_endpoint, "status", timeout=10)
+            worker = status["models"]["m"]["workers"][0]
+            assert worker["sampled_ago"] < 2.0, worker  # memory polls on schedule
+            # A worker that grows past kill_memory is killed, its job answered by the
+            # replacement (spawned out of the reserve): every bound holds during a flood.
+            for i in range(30):
+                x = np.full((1, 4), float(i), np.float32)
+                assert early.infer("leak", {"x": x})["x"][0, 0] == float(i)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not control(
+                    sup.admin_endpoint, "status", timeout=10)["models"]["leak"]["recycles"]:
+                time.sleep(0.1)
+            recycles = control(sup.admin_endpoint, "status", timeout=10)["models"]["leak"][
+                "recycles"]
+            assert recycles.get("kill_memory", 0) >= 1, recycles
+        finally:
+            for sock in sockets:
+                sock.close(0)
+            context.term()
+        answered(sup, 5, endpoint)  # a new client: connections are taken again
+        assert sup.process.poll() is None
+        early.close()
+        assert stopped(sup) == 0
+    finally:
+        sup.stop()
+
+
+def test_a_failure_on_every_turn_is_logged_once_then_counted() -> None:
+    """housekeeping_failed used to log its whole traceback on every poll."""
+    import structlog
+
+    from supervisor.daemon.failures import PERIOD, Failures
+
+    def boom(n: int) -> BaseException:
+        try:
+            raise OSError(24, f"Too many open files ({n})")
+        except OSError as exc:
+            return exc
+
+    failures = Failures()
+    with structlog.testing.capture_logs() as logged:
+        for turn in range(100):  # a poll every 0.2 s, each failing the same way
+            failures.failed("housekeeping_failed", boom(turn), turn * 0.2)
+        failures.failed("housekeeping_failed", boom(0), PERIOD + 1)
+    assert [e["event"] for e in logged] == ["housekeeping_failed"] * 2
+    assert "exc_info" in logged[0] and "exc_info" not in logged[1]
+    assert logged[1]["repeated"] == 100 and "Too many open files" in logged[1]["error"]
