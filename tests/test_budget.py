@@ -328,6 +328,18 @@ def test_memory_pressure_is_the_containers_and_recycles_the_most_grown() -> None
     assert w.core.pool.workers["a-2"].state is not State.READY  # drained first: no room
 
 
+def test_pressure_recycles_a_worker_grown_during_the_policys_warm_up() -> None:
+    """Before its baseline (warm-up not over), growth counts from its reading when ready:
+    a leak fast enough to fill the container within the warm-up is recycled all the same."""
+    text = CONTAINER.replace("warmup_jobs: 0, warmup_seconds: 0", "warmup_jobs: 1000, "
+                             "warmup_seconds: 1h")
+    w = world(4 * GIB, 4 * GIB - 100 * MIB, text)
+    assert w.core.pool.workers["a-1"].assessment.baseline is None
+    w.memory["a-1"] = WARM + 100 * MIB
+    w.poll()
+    assert w.core.pool.workers["a-1"].reason is Reason.HOST_PRESSURE
+
+
 def test_pressure_with_nothing_grown_recycles_nobody_and_says_the_limit_is_too_small(
         capsys: pytest.CaptureFixture[str]) -> None:
     w = world(4 * GIB, 4 * GIB - 100 * MIB)  # fresh workers: recycling frees nothing

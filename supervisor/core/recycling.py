@@ -255,8 +255,12 @@ class Recycler:
         most every PRESSURE_ALARM_SPACING, when none has grown by PRESSURE_MIN_GAIN: the
         limit is too small for these workers, which no recycle fixes."""
         def grown(worker: WorkerHandle) -> int:
-            a = worker.assessment
-            return (a.memory or 0) - a.baseline if a.baseline is not None else 0
+            fresh = worker.assessment.baseline
+            if fresh is None:  # still in the policy's warm-up: its first reading when ready
+                after = [p.memory for p in worker.history.life.points
+                         if worker.ready_at is not None and p.t >= worker.ready_at]
+                fresh = after[0] if after else None
+            return (worker.assessment.memory or 0) - fresh if fresh is not None else 0
 
         best = max(eligible, key=grown, default=None)
         if best is not None and grown(best) >= PRESSURE_MIN_GAIN:
