@@ -121,9 +121,9 @@ def drained_first(sup: Supervisor) -> list[dict[str, Any]]:
 
 def test_leaking_workers_recycle_inside_a_limit_that_cannot_hold_a_replacement(
         started: list[Supervisor]) -> None:
-    # Three leaking workers under the default trend rules, each growing past 100 MiB before
-    # it is recycled, and the supervisor: with a replacement beside them they need more than
-    # this limit at times, and must then drain first (or drain early under pressure).
+    # Three leaking workers under the default policy (warm-up included), and the supervisor:
+    # with a replacement beside them they need more than this limit at times, and must then
+    # drain first (or drain early under pressure).
     limit = 300 * MIB
     with memory_cgroup(limit) as cgroup:
         sup = start(started, cgroup, {
@@ -131,7 +131,6 @@ def test_leaking_workers_recycle_inside_a_limit_that_cannot_hold_a_replacement(
             "models": {"m": {"handler": "worker.handlers:leak", "workers": 3,
                              "options": {"bytes_per_job": 64 * 1024, "delay": 0.005},
                              "policy": {"max_memory": "200MiB", "kill_memory": "240MiB",
-                                        "warmup_jobs": 0, "warmup_seconds": 0,
                                         "min_lifetime": 0, "max_attempts": 1}}}})
         budget = sup.status()["memory_budget"]
         assert budget["limit"] == limit and budget["cgroup"] == str(cgroup)
