@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -258,3 +259,31 @@ def test_a_first_try_carries_the_timeout_as_given(scripted: Scripted) -> None:
     asyncio.run(twice())
     assert len(set(scripted.headers)) == 1
     assert msgpack.unpackb(scripted.headers[0])["timeout_ms"] == 7500
+
+
+def test_one_client_shared_by_threads_answers_every_call_its_own(scripted: Scripted) -> None:
+    """Eight threads share one Client and send calls of shapes none sent before, so every
+    reply header is new: each call still gets its own arrays back and none fails (a memo of
+    reply headers evicting with a read then a delete lost that race: KeyError)."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    errors: list[BaseException] = []
+    try:
+        with Client(scripted.endpoint, timeout=30) as client:
+            def hammer(thread: int) -> None:
+                try:
+                    for call in range(600):
+                        data = np.full((1, 1 + thread * 1000 + call), float(call), np.float32)
+                        np.testing.assert_array_equal(client.infer("m", {"x": data})["x"],
+                                                      data)
+                except BaseException as exc:  # every failure is reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]

@@ -51,6 +51,7 @@ from supervisor.shared.protocol import (
     decode,
     frame_head,
     frame_length,
+    keep_specs,
     parse_specs,
     specs_key,
 )
@@ -184,10 +185,11 @@ class KnownDescriptions:
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
             return known
-        specs = parse_specs(raw)
+        specs = parse_specs(raw, keep=False)
         check_frames(specs, frames, max_elements)
         if inputs is not None:
             check_specs(inputs, specs)
+        keep_specs(raw, specs)  # passed: a refused description leaves nothing behind
         passed = described(inputs, specs)
         if key is not None and all(s.dtype in ITEMSIZE for s in specs):
             if len(self.passed) >= MAX_KEPT:

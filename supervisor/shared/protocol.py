@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -234,7 +235,9 @@ class HeaderMemo:
     a header decoded with a memo. Bounded: a header of at most MAX_BYTES bytes holding only
     ``fields``, at most MAX_ENTRIES of them, the oldest dropped first. A 512-byte header of
     empty maps unpacks to ~36 KB of Python objects; specs that passed admission, a few KB at
-    most, so the memo holds a few MB in the worst case and a few KB in practice."""
+    most, so the memo holds a few MB in the worst case and a few KB in practice. Safe to
+    share between threads (the Client's is): keeping, which may drop the oldest entry, is
+    done under a lock, else two threads dropping the same entry raced (KeyError)."""
 
     MAX_BYTES = 512
     MAX_ENTRIES = 256
@@ -242,6 +245,7 @@ class HeaderMemo:
     def __init__(self, fields: frozenset[str]) -> None:
         self.fields = fields
         self.headers: dict[bytes, dict[str, Any]] = {}
+        self.lock = threading.Lock()
 
     def get(self, data: bytes) -> dict[str, Any] | None:
         return self.headers.get(data)
@@ -251,9 +255,10 @@ class HeaderMemo:
         if type(data) is not bytes or len(data) > self.MAX_BYTES or data in self.headers \
                 or not self.fields.issuperset(header):
             return
-        if len(self.headers) >= self.MAX_ENTRIES:
-            del self.headers[next(iter(self.headers))]  # the oldest: dicts keep order
-        self.headers[data] = header
+        with self.lock:
+            if len(self.headers) >= self.MAX_ENTRIES:
+                del self.headers[next(iter(self.headers))]  # the oldest: dicts keep order
+            self.headers[data] = header
 
 
 def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS,
@@ -452,17 +457,28 @@ def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
     return next(iter(firsts))
 
 
-def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs") -> list[TensorSpec]:
+def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs",
+                keep: bool = True) -> list[TensorSpec]:
     """``field``: the header field the specs came from, as an error names it. Specs of plain
     values parsed once are remembered (a client reads the same output specs in every reply):
-    the key holds every value the parse depends on, so a hit is what parsing would give."""
+    the key holds every value the parse depends on, so a hit is what parsing would give.
+    ``keep=False``: only look them up; the caller keeps them (keep_specs) once they proved
+    to be what it wanted (admission: a description that passed), so a refused request's
+    specs are not kept."""
     key = specs_key(specs, allow_none)
     if key is not None and (known := _PARSED.get(key)) is not None:
         return list(known)
     parsed = _parse_specs(specs, allow_none, field)
+    if keep:
+        keep_specs(specs, parsed, allow_none)
+    return parsed
+
+
+def keep_specs(specs: object, parsed: Sequence[TensorSpec], allow_none: bool = False) -> None:
+    """Remember ``parsed`` as what ``specs`` parse to (the caller parsed them so)."""
+    key = specs_key(specs, allow_none)
     if key is not None and len(_PARSED) < _PARSED_MAX:
         _PARSED[key] = tuple(parsed)
-    return parsed
 
 
 _PARSED: dict[tuple[Any, ...], tuple[TensorSpec, ...]] = {}
