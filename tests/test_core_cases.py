@@ -739,16 +739,3 @@ def test_a_repeated_request_is_known_by_its_header_bytes_and_its_frames_still_ch
     again = world.request(valid("a", 1, 2))
     world.answer("a-1")
     assert world.code(again) == "ok"
-
-
-def test_only_headers_of_admitted_requests_are_remembered() -> None:
-    """A refused request leaves nothing behind in the header memo: 512 bytes of empty maps
-    unpack to ~36 KB of Python objects, and refusals must not keep memory (review)."""
-    world = World()
-    world.ready("a-1")
-    bloated = frames_for({"model": "a", "inputs": [{}] * 480}, [])
-    refused = world.request(bloated)
-    assert world.code(refused) == "bad_request" and len(bloated[3]) <= 512
-    good = valid("a", 1, 2)
-    world.request(good)
-    assert list(world.core.admission.headers.headers) == [good[3]]

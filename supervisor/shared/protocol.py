@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hmac
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -219,52 +218,8 @@ DEFAULT_LIMITS = Limits()
 INTERNAL_HOP = Limits(max_header=16 * 1024**2, max_arrays=1 << 20)
 
 
-# The fields of an infer request's header (docs/protocol.md): the only ones a header the
-# supervisor remembers may hold.
-INFER_FIELDS = frozenset({"model", "inputs", "timeout_ms"})
-
-
-class HeaderMemo:
-    """Headers already parsed, by their bytes. A client sends the same header on every call
-    of the same shapes (model, array specs, timeout), and parsing it was a tenth of the
-    supervisor's work per request; a header seen before is taken from here instead.
-
-    decode only looks headers up; whoever decoded one keeps it, once it proved to be what
-    it is there for (admission: a request it admitted), so nothing is kept for a message
-    that was refused. A hit is the very dict an earlier decode returned: nobody may change
-    a header decoded with a memo. Bounded: a header of at most MAX_BYTES bytes holding only
-    ``fields``, at most MAX_ENTRIES of them, the oldest dropped first. A 512-byte header of
-    empty maps unpacks to ~36 KB of Python objects; specs that passed admission, a few KB at
-    most, so the memo holds a few MB in the worst case and a few KB in practice. Safe to
-    share between threads (the Client's is): keeping, which may drop the oldest entry, is
-    done under a lock, else two threads dropping the same entry raced (KeyError)."""
-
-    MAX_BYTES = 512
-    MAX_ENTRIES = 256
-
-    def __init__(self, fields: frozenset[str]) -> None:
-        self.fields = fields
-        self.headers: dict[bytes, dict[str, Any]] = {}
-        self.lock = threading.Lock()
-
-    def get(self, data: bytes) -> dict[str, Any] | None:
-        return self.headers.get(data)
-
-    def keep(self, data: Frame, header: dict[str, Any]) -> None:
-        """Remember ``header`` as what ``data`` decodes to (the caller decoded it so)."""
-        if type(data) is not bytes or len(data) > self.MAX_BYTES or data in self.headers \
-                or not self.fields.issuperset(header):
-            return
-        with self.lock:
-            if len(self.headers) >= self.MAX_ENTRIES:
-                del self.headers[next(iter(self.headers))]  # the oldest: dicts keep order
-            self.headers[data] = header
-
-
-def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS,
-           memo: HeaderMemo | None = None) -> Message:
-    """Parse frames into a Message; raise ProtocolError on anything malformed. ``memo``:
-    headers kept before (their dicts are shared: read them, never change them)."""
+def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Parse frames into a Message; raise ProtocolError on anything malformed."""
     if len(frames) < 4:
         raise ProtocolError(f"expected at least 4 frames (version, kind, job id, header), "
                             f"got {len(frames)}")
@@ -276,7 +231,7 @@ def decode(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS,
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {kind!r}")
     job_id = _small(frames[2], MAX_JOB_ID, "job id")
-    header = _header(frames[3], limits.max_header, memo)
+    header = _header(frames[3], limits.max_header)
     arrays = list(frames[4:])
     if len(arrays) > limits.max_arrays:
         raise ProtocolError(f"at most {limits.max_arrays} arrays per message, got {len(arrays)}")
@@ -302,16 +257,8 @@ def _small(frame: Frame, limit: int, what: str) -> bytes:
     return data
 
 
-def _header(frame: Frame, limit: int, memo: HeaderMemo | None = None) -> dict[str, Any]:
+def _header(frame: Frame, limit: int) -> dict[str, Any]:
     data = _small(frame, limit, "header")
-    # Same bytes, same verdict: whatever limit is in force, bytes within it parse alike
-    # (every string and map in them is shorter than the bytes), and a refusal is never kept.
-    if memo is not None and (seen := memo.get(data)) is not None:
-        return seen
-    return _parse_header(data, limit)
-
-
-def _parse_header(data: bytes, limit: int) -> dict[str, Any]:
     try:
         # Strings and bytes may be as long as the header itself may be: on the internal hop
         # (16 MiB) a RESULTS message may carry a long error text.
@@ -372,19 +319,15 @@ def pack_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]],
 
 
 # numpy computes dtype.name in Python on every access (~2 µs, for every array of every
-# message); the names of the few dtypes a process meets are kept instead.
-_DTYPE_NAMES: dict[np.dtype[Any], str] = {}
-_DTYPE_NAMES_MAX = 256
+# message): the numeric dtypes an array is sent as it is (WIRE_ORDER) are named from a table.
+_WIRE_NAMES = {WIRE_DTYPES[name]: name for name in NUMERIC_DTYPES}
 
 
 def wire_dtype(array: np.ndarray) -> str:
     """The protocol's dtype name for an array: numpy's, or "string" for str/bytes/object."""
-    dtype = array.dtype
-    name = _DTYPE_NAMES.get(dtype)
+    name = _WIRE_NAMES.get(array.dtype)
     if name is None:
-        name = STRING if is_string_array(array) else dtype.name
-        if len(_DTYPE_NAMES) < _DTYPE_NAMES_MAX:
-            _DTYPE_NAMES[dtype] = name
+        name = STRING if is_string_array(array) else array.dtype.name
     return name
 
 
