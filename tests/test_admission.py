@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from supervisor.core.admission import MAX_KEPT, KnownDescriptions
 from supervisor.core.batching import job_key
 from supervisor.core.jobs import Job
-from supervisor.shared import protocol
+from supervisor.shared import arrays as shared_arrays
 from supervisor.shared.protocol import (
     ProtocolError,
     TensorSpec,
@@ -155,12 +155,12 @@ def test_refused_descriptions_leave_nothing_remembered() -> None:
     description of its own: neither admission nor the protocol's parsed specs keep any of
     them (docs/protocol.md: a message that is refused keeps nothing)."""
     d = KnownDescriptions()
-    before = dict(protocol._PARSED)
+    before = dict(shared_arrays._PARSED)
     for n in range(300):
         wrong_frames = [{"name": "x", "dtype": "float32", "shape": [n + 1, 4]}]
         assert "bytes do not match" in str(known(d, wrong_frames, [b""], OTHER_INPUTS, None))
         not_the_models = [{"name": f"z{n}", "dtype": "float32", "shape": [1, 4]}]
         assert "do not match the model" in str(
             known(d, not_the_models, [b"\0" * 16], OTHER_INPUTS, None))
-    assert before == protocol._PARSED
+    assert before == shared_arrays._PARSED
     assert not d.passed

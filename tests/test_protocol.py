@@ -14,7 +14,7 @@ import zmq
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from supervisor.shared import protocol
+from supervisor.shared import arrays, protocol
 from supervisor.shared.protocol import (
     ERROR,
     INFER,
@@ -618,10 +618,10 @@ def test_remembered_specs_are_what_parsing_gives(calls: list[tuple[object, bool]
     refusal), and a caller changing its list changes nothing remembered."""
     for specs, allow_none in calls + [(s, not a) for s, a in calls] + calls:
         got = _parsed_or_error(parse_specs, specs, allow_none)
-        assert got == _parsed_or_error(protocol._parse_specs, specs, allow_none)
+        assert got == _parsed_or_error(arrays._parse_specs, specs, allow_none)
         if isinstance(got, list):
             got.clear()
-    assert len(protocol._PARSED) <= protocol._PARSED_MAX
+    assert len(arrays._PARSED) <= arrays._PARSED_MAX
 
 
 def _unpacked_or_error(spec: TensorSpec, frame: bytes) -> object:
@@ -656,13 +656,13 @@ def test_specs_remembered_are_bounded_in_size() -> None:
     """A list of more specs than a message can carry arrays is parsed, never remembered: a
     client's refused headers (64 KiB of ~2,000 specs each) kept ~650 MiB in a supervisor."""
     many = [{"name": f"a{i}", "dtype": "int8", "shape": []} for i in range(MAX_ARRAYS + 1)]
-    before = dict(protocol._PARSED)
+    before = dict(arrays._PARSED)
     try:
-        protocol._PARSED.clear()
+        arrays._PARSED.clear()
         assert len(parse_specs(many)) == MAX_ARRAYS + 1
-        assert not protocol._PARSED
+        assert not arrays._PARSED
         parse_specs(many[:MAX_ARRAYS])
-        assert len(protocol._PARSED) == 1
+        assert len(arrays._PARSED) == 1
     finally:
-        protocol._PARSED.clear()
-        protocol._PARSED.update(before)
+        arrays._PARSED.clear()
+        arrays._PARSED.update(before)
