@@ -73,3 +73,22 @@ class Noisy(Echo):
 
 def noisy(options: dict[str, Any]) -> Noisy:
     return Noisy(options)
+
+
+# Written by TensorFlow itself, natively: what TensorFlow prints of its own accord at start
+# depends on the CPU (nothing at all on an AMD EPYC with TF_CPP_MIN_LOG_LEVEL=1).
+TF_LINE = "tf_noisy: written by TensorFlow's print kernel"
+
+
+class TfNoisy(Echo):
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        import tensorflow as tf
+
+        # The PrintV2 kernel writes to file descriptor 2 from C++ (std::cerr), not through
+        # Python's sys.stderr: the way TensorFlow's own start-up lines come out.
+        tf.print(TF_LINE, output_stream=sys.stderr)
+
+
+def tf_noisy(options: dict[str, Any]) -> TfNoisy:
+    return TfNoisy(options)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from supervisor.core.admission import MAX_KEPT, KnownDescriptions
 from supervisor.core.batching import job_key
 from supervisor.core.jobs import Job
+from supervisor.shared import arrays as shared_arrays
 from supervisor.shared.protocol import (
     ProtocolError,
     TensorSpec,
@@ -147,3 +148,19 @@ def test_a_description_known_by_its_header_bytes_still_checks_its_frames() -> No
     # the model's inputs changed (a reload): the full check again, against the new ones
     assert known(d, raw, [b"\0" * 32], INPUTS, None, header) == \
         full(raw, [b"\0" * 32], INPUTS, None)
+
+
+def test_refused_descriptions_leave_nothing_remembered() -> None:
+    """Requests refused for their frames or for not fitting the model's inputs, each with a
+    description of its own: neither admission nor the protocol's parsed specs keep any of
+    them (docs/protocol.md: a message that is refused keeps nothing)."""
+    d = KnownDescriptions()
+    before = dict(shared_arrays._PARSED)
+    for n in range(300):
+        wrong_frames = [{"name": "x", "dtype": "float32", "shape": [n + 1, 4]}]
+        assert "bytes do not match" in str(known(d, wrong_frames, [b""], OTHER_INPUTS, None))
+        not_the_models = [{"name": f"z{n}", "dtype": "float32", "shape": [1, 4]}]
+        assert "do not match the model" in str(
+            known(d, not_the_models, [b"\0" * 16], OTHER_INPUTS, None))
+    assert before == shared_arrays._PARSED
+    assert not d.passed

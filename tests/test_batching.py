@@ -489,11 +489,9 @@ def test_uniform_batch_runs_once_as_one_array() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(batches(), min_size=2, max_size=8), st.booleans())
-def test_remembered_layouts_answer_as_worked_out_afresh(
+def test_uniform_batches_answer_as_the_general_path(
         sequence: list[tuple[list[JobEntry], int, str, bool]], declared: bool) -> None:
-    """One runner answers a run of batches (its layouts and the output forms remembered
-    from the earlier ones), each exactly as the general path answers it with nothing
-    remembered."""
+    """One runner answers a run of batches, each exactly as the general path answers it."""
     from worker.batch import _general
 
     specs = [TensorSpec("x", "float32", (None, 3))] if declared else None
@@ -506,20 +504,3 @@ def test_remembered_layouts_answer_as_worked_out_afresh(
         # What the supervisor passes on is the packed header: it must say the same.
         passed, _ = unpack_results(decode(encode(pack_results(fast)), INTERNAL_HOP))
         assert _answers(passed) == _answers(slow)
-
-
-def test_remembered_layouts_and_forms_stay_bounded_and_keep_the_newest() -> None:
-    """A client with free dimensions (300 widths) passes through the memos: each holds at
-    most its bound, the newest kept, and every answer is still the job's own."""
-    from worker import uniform
-
-    runner = Runner(Model("double"), None, None)
-    for width in range(1, uniform.LAYOUTS_MAX + 45):
-        entries = [JobEntry(b"j", *pack_arrays({"x": np.full((1, width), 2.0, np.float32)}))]
-        [reply] = run_batch(runner, decode(encode(pack_job(entries, 0)), INTERNAL_HOP))
-        assert unpack_arrays(reply.header["outputs"], reply.arrays)["y"].tolist() == \
-            [[4.0] * width]
-    assert len(runner.layouts) == uniform.LAYOUTS_MAX
-    assert len(uniform._FORMS) <= uniform.FORMS_MAX
-    newest = entries[0].inputs
-    assert uniform.specs_key(newest) in runner.layouts

@@ -1,12 +1,13 @@
-"""The clients' per-call path against a scripted server: reply headers remembered only where
-nothing the caller holds can share them, and the AsyncClient's outbox (the next sends of
-calls resumed together go together, never one of a call that ended before it went)."""
+"""The clients' per-call path against a scripted server: replies the caller's own, a Client
+shared by threads, and the AsyncClient's outbox (the next sends of calls resumed together go
+together, never one of a call that ended before it went)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,12 +20,10 @@ import zmq
 
 from supervisor.aclient import AsyncClient
 from supervisor.client import Client, NoReply
-from supervisor.client import client as client_module
 from supervisor.shared.protocol import (
     INFER,
     MODELS,
     RESULT,
-    HeaderMemo,
     Message,
     decode,
     encode,
@@ -99,25 +98,10 @@ def shapes() -> list[tuple[int, ...]]:
     return [rng.choice([(1, 4), (2, 4), (3,), (2, 2, 2), (0, 4)]) for _ in range(60)]
 
 
-def test_remembered_job_replies_give_what_parsing_gives(scripted: Scripted) -> None:
-    """Each call of a shape seen before takes its reply header from the memo: its outputs
-    are still its own arrays; the memo stays within its bound."""
-    with Client(scripted.endpoint, timeout=10) as client:
-        for i, shape in enumerate(shapes()):
-            data = np.full(shape, float(i), np.float32)
-            out = client.infer("m", {"x": data})
-            assert out["x"].dtype == np.float32
-            np.testing.assert_array_equal(out["x"], data)
-    memo = client_module.job_replies
-    assert msgpack.packb({"outputs": [{"name": "x", "dtype": "float32", "shape": [1, 4]}]}) \
-        in memo.headers
-    assert len(memo.headers) <= HeaderMemo.MAX_ENTRIES
-
-
 @pytest.mark.parametrize("kind", ["Client", "AsyncClient"])
 def test_models_replies_are_the_callers_own(scripted: Scripted, kind: str) -> None:
     """The same MODELS reply twice: what the first call returned, changed by its caller,
-    changes nothing the second returns (a models() reply is never shared with a memo)."""
+    changes nothing the second returns."""
     async def both() -> list[dict[str, Any]]:
         async with AsyncClient(scripted.endpoint, timeout=10) as client:
             return [await client.models(), await client.models()]
@@ -258,3 +242,32 @@ def test_a_first_try_carries_the_timeout_as_given(scripted: Scripted) -> None:
     asyncio.run(twice())
     assert len(set(scripted.headers)) == 1
     assert msgpack.unpackb(scripted.headers[0])["timeout_ms"] == 7500
+
+
+def test_one_client_shared_by_threads_answers_every_call_its_own(scripted: Scripted) -> None:
+    """Eight threads share one Client (documented safe to share) and send calls of shapes
+    none sent before: each call gets its own arrays back and none fails (a memo of reply
+    headers the threads shared, since removed, dropped its oldest entry with a read then a
+    delete, and two threads dropping the same one raced: KeyError)."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    errors: list[BaseException] = []
+    try:
+        with Client(scripted.endpoint, timeout=30) as client:
+            def hammer(thread: int) -> None:
+                try:
+                    for call in range(600):
+                        data = np.full((1, 1 + thread * 1000 + call), float(call), np.float32)
+                        np.testing.assert_array_equal(client.infer("m", {"x": data})["x"],
+                                                      data)
+                except BaseException as exc:  # every failure is reported below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[:3]

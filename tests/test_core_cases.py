@@ -741,19 +741,6 @@ def test_a_repeated_request_is_known_by_its_header_bytes_and_its_frames_still_ch
     assert world.code(again) == "ok"
 
 
-def test_only_headers_of_admitted_requests_are_remembered() -> None:
-    """A refused request leaves nothing behind in the header memo: 512 bytes of empty maps
-    unpack to ~36 KB of Python objects, and refusals must not keep memory (review)."""
-    world = World()
-    world.ready("a-1")
-    bloated = frames_for({"model": "a", "inputs": [{}] * 480}, [])
-    refused = world.request(bloated)
-    assert world.code(refused) == "bad_request" and len(bloated[3]) <= 512
-    good = valid("a", 1, 2)
-    world.request(good)
-    assert list(world.core.admission.headers.headers) == [good[3]]
-
-
 def test_model_available_is_logged_only_after_model_unavailable() -> None:
     """A reload's new workers that fail while the old ones serve on never made the model
     unavailable: their recovery is no `model_available` (issue 36)."""

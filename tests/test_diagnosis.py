@@ -391,3 +391,23 @@ def test_child_processes_that_grow_are_named_not_blamed_on_the_heap() -> None:
     # the same growth in the worker process itself is still the heap's
     cause, summary, _ = judge(leaky(0, children=False), policy)
     assert cause is Cause.NATIVE_HEAP, summary
+
+
+def test_a_few_graph_objects_leading_the_census_do_not_blame_python() -> None:
+    """A native leak that keeps each pointer (an int, which the census cannot count) in a
+    list: the types that lead its census are a few objects alive at one census and not the
+    other. A TensorFlow type among them, +3 over 150 jobs, is no Python hoard (a busy CI
+    run named `pointers` python_objects so); graph objects growing with the jobs are."""
+    def pointers(census: tuple[tuple[str, int], ...]) -> Grow:
+        return lambda i: dataclasses.replace(
+            grows(py_blocks=3800 * JOBS / 1000, native_heap=250 * MB * JOBS / 1000)(i),
+            census=census, containers=(("list of int", 150),), census_jobs=150,
+            census_bytes=150 * 36)
+
+    few = (("builtin_function_or_method", 44), ("weakref.ReferenceType", 42),
+           ("tensorflow.python.framework.tensor_shape.TensorShape", 3))
+    cause, _, _ = judge(series(250 * MB * JOBS / 1000, pointers(few)))
+    assert cause is Cause.NATIVE_HEAP
+    many = (("tensorflow.python.framework.ops.Operation", 600), *few[:2])
+    cause, _, _ = judge(series(250 * MB * JOBS / 1000, pointers(many)))
+    assert cause is Cause.PYTHON_OBJECTS

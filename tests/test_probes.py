@@ -16,24 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.shared.probes import MAX_COUNT, MAX_NAME, MAX_NAMES, Probes, ShapeGrowth
-from worker import probes as wp
-from worker.probes import (
-    BUDGET,
+from worker import census, readings
+from worker.census import (
     CENSUS_BLOCKS,
     CENSUS_INTERVAL,
-    GROWING_BYTES,
     GROWING_CENSUS_INTERVAL,
     MAX_CENSUS_SECONDS,
     MIN_CONTAINER,
+    count_types,
+)
+from worker.probes import (
+    BUDGET,
+    GROWING_BYTES,
     ProbeRecorder,
     ShapeTable,
     Sources,
-    count_types,
-    python_name,
     signature_key,
     signature_text,
-    traced,
 )
+from worker.readings import python_name, traced
 from worker.runners import Runner
 
 # --- fakes ---------------------------------------------------------------------------------------
@@ -372,13 +373,13 @@ EagerTensor.__module__ = "tensorflow.python.framework.ops"
 
 def test_own_bytes_counts_buffers_that_getsizeof_does_not() -> None:
     array = np.zeros(1000)
-    assert wp.own_bytes(array) >= 8000 and wp.own_bytes(array[::2]) >= 4000  # a view too
-    assert wp.own_bytes(memoryview(bytes(5000))) >= 5000
-    assert wp.own_bytes(EagerTensor()) >= 4000
+    assert census.own_bytes(array) >= 8000 and census.own_bytes(array[::2]) >= 4000  # a view too
+    assert census.own_bytes(memoryview(bytes(5000))) >= 5000
+    assert census.own_bytes(EagerTensor()) >= 4000
     floats = [float(i) for i in range(100)]
-    assert wp.item_bytes(floats) >= sys.getsizeof(floats) + 100 * 24
+    assert census.item_bytes(floats) >= sys.getsizeof(floats) + 100 * 24
     row = {"values": floats}
-    assert wp.item_bytes(row) == sys.getsizeof(row) + sys.getsizeof(floats)  # one level deep
+    assert census.item_bytes(row) == sys.getsizeof(row) + sys.getsizeof(floats)  # one level deep
 
 
 def test_a_container_unknown_at_the_last_census_grew_from_under_the_smallest_kept(
@@ -458,8 +459,8 @@ def test_a_probe_that_breaks_stops_sampling_and_fails_nothing(fake: Fake) -> Non
 
 def test_census_counts_a_stride_of_many_objects_and_keeps_few_types(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wp, "CENSUS_SAMPLE", 1000)
-    monkeypatch.setattr(wp, "MAX_TYPES", 3)
+    monkeypatch.setattr(census, "CENSUS_SAMPLE", 1000)
+    monkeypatch.setattr(census, "MAX_TYPES", 3)
     objects: list[Any] = [{} for _ in range(6000)] + [[] for _ in range(3000)] + \
         [set() for _ in range(1000)] + [frozenset({i}) for i in range(10)]
     counts, buffers = count_types(objects)
@@ -486,8 +487,8 @@ def test_traced_names_are_python_names_counted() -> None:
 
 def test_without_tensorflow_graphs_are_none(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
-    assert wp.tf_function_names() is None
-    assert wp.TfAllocator().read() is None
+    assert readings.tf_function_names() is None
+    assert readings.TfAllocator().read() is None
 
 
 # --- the wire, against hostile input -------------------------------------------------------------

@@ -14,7 +14,7 @@ import zmq
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from supervisor.shared import protocol
+from supervisor.shared import arrays, protocol
 from supervisor.shared.protocol import (
     ERROR,
     INFER,
@@ -618,10 +618,10 @@ def test_remembered_specs_are_what_parsing_gives(calls: list[tuple[object, bool]
     refusal), and a caller changing its list changes nothing remembered."""
     for specs, allow_none in calls + [(s, not a) for s, a in calls] + calls:
         got = _parsed_or_error(parse_specs, specs, allow_none)
-        assert got == _parsed_or_error(protocol._parse_specs, specs, allow_none)
+        assert got == _parsed_or_error(arrays._parse_specs, specs, allow_none)
         if isinstance(got, list):
             got.clear()
-    assert len(protocol._PARSED) <= protocol._PARSED_MAX
+    assert len(arrays._PARSED) <= arrays._PARSED_MAX
 
 
 def _unpacked_or_error(spec: TensorSpec, frame: bytes) -> object:
@@ -656,56 +656,13 @@ def test_specs_remembered_are_bounded_in_size() -> None:
     """A list of more specs than a message can carry arrays is parsed, never remembered: a
     client's refused headers (64 KiB of ~2,000 specs each) kept ~650 MiB in a supervisor."""
     many = [{"name": f"a{i}", "dtype": "int8", "shape": []} for i in range(MAX_ARRAYS + 1)]
-    before = dict(protocol._PARSED)
+    before = dict(arrays._PARSED)
     try:
-        protocol._PARSED.clear()
+        arrays._PARSED.clear()
         assert len(parse_specs(many)) == MAX_ARRAYS + 1
-        assert not protocol._PARSED
+        assert not arrays._PARSED
         parse_specs(many[:MAX_ARRAYS])
-        assert len(protocol._PARSED) == 1
+        assert len(arrays._PARSED) == 1
     finally:
-        protocol._PARSED.clear()
-        protocol._PARSED.update(before)
-
-
-def verdict(frames: list[bytes], memo: protocol.HeaderMemo | None) -> object:
-    try:
-        return decode(frames, memo=memo)
-    except ProtocolError as exc:
-        return str(exc)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(
-    st.dictionaries(st.sampled_from(["model", "inputs", "x"]), header_values,
-                    max_size=3).map(msgpack.packb),
-    st.binary(max_size=40), st.just(b"\x81\x01\x01"), st.just(msgpack.packb("str")),
-    st.just(msgpack.packb({"model": "x" * 600}))), min_size=1, max_size=10))
-def test_a_remembered_header_decodes_as_the_full_parse(headers: list[bytes]) -> None:
-    """Whatever order headers come in, repeated or not, kept or not, decoding with the memo
-    gives what decoding without it gives: the same message, or the same refusal."""
-    memo = protocol.HeaderMemo(frozenset({"model", "inputs"}))
-    for header in headers + headers:
-        frames = [VERSION, INFER, b"j", header]
-        got = verdict(frames, memo)
-        assert got == verdict(frames, None)
-        if isinstance(got, Message):
-            memo.keep(header, got.header)  # as admission does, once it admitted one
-    assert all(len(h) <= memo.MAX_BYTES for h in memo.headers)
-    assert all(set(h) <= {"model", "inputs"} for h in memo.headers.values())
-
-
-def test_what_the_header_memo_keeps_is_bounded_and_oldest_goes_first() -> None:
-    memo = protocol.HeaderMemo(frozenset({"n"}))
-    for n in range(3 * memo.MAX_ENTRIES):
-        data = msgpack.packb({"n": n})
-        memo.keep(data, decode([VERSION, INFER, b"j", data]).header)
-        assert len(memo.headers) <= memo.MAX_ENTRIES
-    assert msgpack.unpackb(next(iter(memo.headers))) == {"n": 2 * memo.MAX_ENTRIES}
-    same = msgpack.packb({"n": -1})
-    first = decode([VERSION, INFER, b"1", same], memo=memo).header
-    memo.keep(same, first)
-    assert decode([VERSION, INFER, b"2", same], memo=memo).header is first  # one parse
-    for data in (msgpack.packb({"n": 1, "other": 2}), msgpack.packb({"n": "x" * 600})):
-        memo.keep(data, msgpack.unpackb(data))  # another field, or too long: not kept
-        assert data not in memo.headers
+        arrays._PARSED.clear()
+        arrays._PARSED.update(before)

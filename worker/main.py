@@ -39,7 +39,8 @@ from supervisor.shared.transport import recv, send
 from worker import recycle_requested, runtime
 from worker.batch import run_batch
 from worker.heartbeat import Heartbeat
-from worker.probes import ProbeRecorder, keras_loop_traced
+from worker.probes import ProbeRecorder
+from worker.readings import keras_loop_traced
 from worker.runners import LoadError, Runner, load
 from worker.warmup import adopt_direct, check_padding, output_specs, verify, warm
 

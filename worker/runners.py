@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,6 @@ class Runner:
     padding: tuple[PadDim, ...] = ()  # variable-length dimensions padded per batch
     # A cheaper call of the same model, used once proven (worker/direct_call.py)
     direct: Callable[[Arrays], Mapping[str, Any]] | None = None
-    # Uniform batches' layouts by their specs (worker/uniform.py), worked out against this
-    # runner's inputs and padding, which are set at load and never change after a call.
-    layouts: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False,
-                                                repr=False, compare=False)
 
     @property
     def client_inputs(self) -> list[TensorSpec] | None:

@@ -31,6 +31,7 @@ import numpy as np
 from supervisor.shared.protocol import (
     NUMERIC_DTYPES,
     RESULT,
+    WIRE_DTYPES,
     ZERO_COPY_MIN,
     JobEntry,
     Message,
@@ -38,7 +39,6 @@ from supervisor.shared.protocol import (
     check_specs,
     pack_arrays,
     parse_specs,
-    specs_key,
     wire_dtype,
 )
 from supervisor.shared.strings import STRING
@@ -109,29 +109,9 @@ class Layout:
     rows: int
 
 
-# Distinct specs a runner remembers, the oldest dropped first: a client sends the same specs
-# on every call of the same shapes; a model with free dimensions may see more.
-LAYOUTS_MAX = 256
-
-
-def _layout(runner: Runner, specs: list[dict[str, Any]]) -> Layout | None:
-    """The layout of jobs with these wire specs, None when they cannot take this path;
-    remembered per runner by the specs' values (a hit is what working it out gives: it
-    depends on nothing else but the runner's inputs, fixed at load)."""
-    key = specs_key(specs)
-    if key is None:  # not plain values: the general path reads (and refuses) them
-        return None
-    known = runner.layouts  # typed loosely there: runners cannot import this module
-    if key in known:
-        remembered: Layout | None = known[key]
-        return remembered
-    layout = known[key] = _work_out(runner, specs)
-    if len(known) > LAYOUTS_MAX:  # the oldest goes: a flood of odd shapes passes through
-        del known[next(iter(known))]
-    return layout
-
-
-def _work_out(runner: Runner, wire: list[dict[str, Any]]) -> Layout | None:
+def _layout(runner: Runner, wire: list[dict[str, Any]]) -> Layout | None:
+    """The layout of jobs with these wire specs, None when they cannot take this path (the
+    general path reads, and refuses, what does not parse)."""
     try:
         specs = parse_specs(wire)
         if runner.client_inputs is not None:
@@ -145,22 +125,10 @@ def _work_out(runner: Runner, wire: list[dict[str, Any]]) -> Layout | None:
         return None
     inputs = []
     for spec in specs:
-        dtype = _little_endian(spec.dtype)
+        dtype = WIRE_DTYPES[spec.dtype]
         inputs.append((spec.name, dtype, spec.elements * dtype.itemsize,
                        tuple(spec.concrete[1:])))
     return Layout(tuple(inputs), rows)
-
-
-def _little_endian(name: str) -> np.dtype[Any]:
-    """The wire's (little-endian) numpy dtype of a protocol dtype name, made once per name:
-    np.dtype(...).newbyteorder() cost more than joining a one-job batch's frames."""
-    dtype = _LITTLE.get(name)
-    if dtype is None:
-        dtype = _LITTLE[name] = np.dtype(name).newbyteorder("<")
-    return dtype
-
-
-_LITTLE: dict[str, np.dtype[Any]] = {}  # protocol dtype names: a fixed, small set
 
 
 def _padded(array: np.ndarray, size: int) -> np.ndarray:
@@ -209,33 +177,17 @@ class Form:
     outputs: tuple[tuple[np.dtype[Any], int], ...]
 
 
-# Distinct output layouts remembered, the oldest dropped first: a model answers every batch
-# alike; one with outputs of free dimensions may make more.
-FORMS_MAX = 256
-_FORMS: dict[tuple[Any, ...], Form] = {}
-
-
 def _form(outputs: Arrays, each: int) -> Form | None:
-    """The form of numeric outputs cut ``each`` rows a job; None when one is not numeric.
-    Remembered by what it depends on: each output's name, dtype and shape past the first
-    dimension (an object array is never remembered: its wire dtype depends on what it
-    holds)."""
-    key = (each, *[(name, value.dtype, value.shape[1:]) for name, value in outputs.items()])
-    form = _FORMS.get(key)
-    if form is not None:
-        return form
+    """The form of numeric outputs cut ``each`` rows a job; None when one is not numeric."""
     if not all(wire_dtype(a) in NUMERIC_DTYPES for a in outputs.values()):
         return None
     specs: list[dict[str, Any]] = []
     layout = []
     for name, value in outputs.items():
         wire = wire_dtype(value)
-        dtype = _little_endian(wire)
+        dtype = WIRE_DTYPES[wire]
         tail = list(value.shape[1:])
         specs.append({"name": name, "dtype": wire, "shape": [each, *tail]})
         layout.append((dtype, dtype.itemsize * math.prod(tail) * each))
     header = {"outputs": specs}
-    form = _FORMS[key] = Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))
-    if len(_FORMS) > FORMS_MAX:  # the oldest goes, as for layouts
-        del _FORMS[next(iter(_FORMS))]
-    return form
+    return Form(header, msgpack.packb(header, use_bin_type=True), tuple(layout))

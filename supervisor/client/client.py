@@ -45,7 +45,6 @@ from supervisor.shared.protocol import (
     INFER,
     MODELS,
     RESULT,
-    HeaderMemo,
     Limits,
     Message,
     decode,
@@ -105,16 +104,6 @@ def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None
     return Message(INFER, job_ids.next(), header, frames)
 
 
-# Reply headers to jobs already parsed, by their bytes: a model answers every call of the
-# same shapes with the same {"outputs": [...]} (measured: decode 1.6 -> 0.9 µs). Safe to
-# share because nothing the caller can reach holds these dicts: a job's reply header is only
-# read (outcome, error_from and failover copy out what they need); a models() reply, whose
-# maps the caller gets, is never decoded with it. One per process, for every thread: each
-# use is a single dict operation under the GIL, and one bound holds for all of them. Only
-# results are kept ({"outputs": ...}), each once it answered the call it was for.
-job_replies = HeaderMemo(frozenset({"outputs"}))
-
-
 def outcome(msg: Message) -> dict[str, np.ndarray]:
     if msg.kind == ERROR:
         raise error_from(msg.header)
@@ -170,7 +159,6 @@ class _Link:
         self.send_wait = -1
 
     def exchange(self, msg: Message, deadline: float) -> Message:
-        memo = job_replies if msg.kind == INFER else None
         while zmq_poll(self.watch_monitor, 0):  # old news: only a drop after our send matters
             self.monitor.recv_multipart()
         wait = int(min(CONNECT_WAIT, max(0.001, deadline - time.monotonic())) * 1000) + 1
@@ -187,11 +175,8 @@ class _Link:
                 self.monitor.recv_multipart()
                 raise Lost
             if ready:
-                frames = recv(self.sock)
-                reply = decode(frames, DEFAULT_LIMITS, memo)
+                reply = decode(recv(self.sock), DEFAULT_LIMITS)
                 if reply.job_id == msg.job_id:
-                    if memo is not None and reply.kind == RESULT:
-                        memo.keep(frames[3], reply.header)
                     return reply
                 # else: a late reply to an earlier call that timed out; drop it
         raise TimeoutError

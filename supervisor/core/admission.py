@@ -34,13 +34,11 @@ from supervisor.core.jobs import Job
 from supervisor.shared.padding import PadDim, batch_key
 from supervisor.shared.protocol import (
     BAD_REQUEST,
-    INFER_FIELDS,
     ITEMSIZE,
     MAX_JOB_ID,
     UNKNOWN_MODEL,
     VERSION,
     Frame,
-    HeaderMemo,
     Limits,
     Message,
     ProtocolError,
@@ -51,6 +49,7 @@ from supervisor.shared.protocol import (
     decode,
     frame_head,
     frame_length,
+    keep_specs,
     parse_specs,
     specs_key,
 )
@@ -63,6 +62,9 @@ MAX_TIMEOUT_MS = 365 * 86400 * 1000.0
 # Descriptions kept per model; past this the memory starts over (a client that sends a new
 # shape every time only costs the full check, as before).
 MAX_KEPT = 1024
+# Header bytes a description may be known by, at most (a longer header is keyed by its
+# description's values): a client sends one header per shape and timeout, well under this.
+MAX_KEY_BYTES = 512
 
 Key = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -100,7 +102,6 @@ class Admission:
 
     def __init__(self, sup: SupervisorSection) -> None:
         self.known: dict[str, KnownDescriptions] = {}
-        self.headers = HeaderMemo(INFER_FIELDS)  # those of requests admitted
         self.next_job_id = 1
         self.configure(sup)
 
@@ -111,7 +112,7 @@ class Admission:
 
     def decode(self, body: list[Frame]) -> Message:
         try:
-            return decode(body, self.limits, self.headers)
+            return decode(body, self.limits)
         except ProtocolError as exc:
             raise Refusal(exc.code, str(exc)) from None
 
@@ -145,8 +146,6 @@ class Admission:
                   key=key)
         job.rows = passed.rows  # what Job.rows would work out from the same specs
         self.next_job_id += 1
-        if header is not None:  # admitted: the next request in these bytes is not parsed
-            self.headers.keep(header, msg.header)
         return job
 
     def _sized(self, msg: Message) -> int:
@@ -176,18 +175,17 @@ class KnownDescriptions:
         fails. ``header``: the bytes ``raw`` was parsed from, when known: the same bytes
         hold the same description, so they key it without walking it (the header's other
         fields, a timeout say, only make more keys for one description)."""
-        key: tuple[Any, ...] | bytes | None
-        if type(header) is bytes and len(header) <= HeaderMemo.MAX_BYTES:
-            key = header
-        else:
-            key = specs_key(raw)  # a description of plain values, else None
+        # else by a description of plain values (None for anything else)
+        key: tuple[Any, ...] | bytes | None = \
+            header if type(header) is bytes and len(header) <= MAX_KEY_BYTES else specs_key(raw)
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
             return known
-        specs = parse_specs(raw)
+        specs = parse_specs(raw, keep=False)
         check_frames(specs, frames, max_elements)
         if inputs is not None:
             check_specs(inputs, specs)
+        keep_specs(raw, specs)  # passed: a refused description leaves nothing behind
         passed = described(inputs, specs)
         if key is not None and all(s.dtype in ITEMSIZE for s in specs):
             if len(self.passed) >= MAX_KEPT:

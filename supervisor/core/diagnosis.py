@@ -368,12 +368,24 @@ def _python_objects(t: Trends, growth: float | None, latest: Probes | None,
 
 def _keeps_graphs(latest: Probes | None) -> bool:
     """Keras's predict step is traced here, or graph objects (Operations, FuncGraphs) lead
-    the census: Python keeps what TensorFlow built per request, and the bytes are the native
-    heap's, which no census can weigh. model.predict() per request looked like a native
-    leak to the byte split alone."""
-    return latest is not None and (
-        any(name.startswith(KERAS_STEPS) for name, _ in latest.traced)
-        or any(_graph_type(name) for name, _ in latest.census[:3]))
+    the census and grew by HOLD_PER_JOB per job or more between its last two readings:
+    Python keeps what TensorFlow built per request, and the bytes are the native heap's,
+    which no census can weigh. model.predict() per request looked like a native leak to the
+    byte split alone.
+
+    Leading is not enough: in a worker whose growth the census cannot count (a native leak
+    keeping each pointer, an int, in a list: ints are not tracked by the garbage collector),
+    the types that lead are a handful of objects alive at one census and not the other, the
+    third by as few as 2. On busy cores fewer jobs pass between two censuses, a TensorFlow
+    type among that handful was as likely as any, and it named the native leak Python
+    objects. A worker that does not say how many jobs passed (older) is judged by the lead."""
+    if latest is None:
+        return False
+    if any(name.startswith(KERAS_STEPS) for name, _ in latest.traced):
+        return True
+    jobs = latest.census_jobs
+    need = HOLD_PER_JOB * jobs if jobs else 0.0
+    return any(_graph_type(name) and n >= need for name, n in latest.census[:3])
 
 
 def _held(latest: Probes | None) -> bool:
