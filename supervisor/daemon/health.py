@@ -59,6 +59,7 @@ class Health:
 
     def answer(self, path: str, query: str) -> tuple[int, str]:
         """(HTTP status, one line) for a probe path in PATHS and its query string."""
+        query = "&".join(field for field in query.split("&") if field)  # `?model=m&` is fine
         try:
             params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query),
                               max_num_fields=MAX_MODELS)

@@ -1,139 +1,263 @@
-"""The HTTP listener on `supervisor.metrics`: /metrics for Prometheus, /livez and /readyz
-for probes (their answers: daemon/health.py), nothing else.
+"""The HTTP listener on `supervisor.metrics`: /metrics (and /) for Prometheus, /livez and
+/readyz for probes (their answers: daemon/health.py); any other path is 404.
 
-It runs on threads of its own and never calls into the main loop: a scrape reads the
-snapshot the loop published, a probe the times and report it published. It still shares
-the process (its CPU and the GIL) with the loop, so what it may take is bounded:
+It runs on one thread of its own and never calls into the main loop: a scrape reads the
+snapshot the loop published, a probe the times and report it published. That thread reads
+every connection without blocking (a selector), so no client, however slow, holds up
+another, and what it may cost is bounded whatever the clients do:
 
-- RATE requests a second (BURST at once): past that the listener stops accepting until its
-  next turn, and the connections wait in the kernel's listen backlog (beyond it, the kernel
-  drops them until there is room): a flood costs the daemon nothing more, and the probes
-  caught in it are late or fail instead of the jobs slowing down. The kubelet probes a pod
-  about once a second at most, Prometheus scrapes it every few seconds.
-- MAX_CONNECTIONS at once, one thread each, so one slow client does not hold up the others;
-  a connection over that bound is closed unanswered at once, and a client that sends
-  nothing holds its thread REQUEST_TIMEOUT at most.
+- MAX_CONNECTIONS open at once, each with a request head of MAX_HEAD bytes at most; a new
+  connection over the bound closes the oldest one (a probe that has just connected is never
+  the one shut out by clients that hold theirs open).
+- DEADLINE seconds per connection from its accept to the end of its answer, however it
+  trickles its bytes: then it is closed.
+- A probe is answered as soon as its request has arrived (tens of microseconds of CPU): the
+  kubelet's come about once a second. /metrics costs milliseconds, so scrapes are paced:
+  METRICS_RATE a second (a burst of METRICS_BURST), 429 past that. A flood of probes costs
+  the daemon one thread's share of the CPU at most, never the loop's own turns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from supervisor.daemon.health import PATHS, Health
 
 App = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-RATE = 20.0  # requests accepted a second, at most (a /readyz answer costs about 1 ms of CPU)
-BURST = 20
-MAX_CONNECTIONS = 16
-REQUEST_TIMEOUT = 5.0  # seconds a connection may take to send its request and read the answer
+MAX_CONNECTIONS = 256
+MAX_HEAD = 8192  # bytes of request line and headers (a probe's are under 200)
+DEADLINE = 2.0  # seconds from accept to the last byte of the answer
+BACKLOG = 512  # the kernel's queue of connections not yet accepted (capped by somaxconn)
+METRICS_RATE = 10.0  # scrapes a second (Prometheus scrapes every few seconds)
+METRICS_BURST = 10
+METRICS_PATHS = ("/metrics", "/")  # prometheus_client served any path; these two stay
 
 
 class Pace:
-    """A token bucket: take() returns at once while there are tokens (BURST at most, RATE
-    more a second) and otherwise sleeps until the next one. One thread calls it."""
+    """A token bucket: allow() is True while there are tokens (BURST at most, RATE more a
+    second). One thread calls it."""
 
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.rate, self.burst, self.clock, self.sleep = rate, burst, clock, sleep
+    def __init__(self, rate: float, burst: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
         self.tokens = float(burst)
         self.at = clock()
 
-    def take(self) -> None:
+    def allow(self) -> bool:
         now = self.clock()
         self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.rate)
         self.at = now
         if self.tokens < 1:
-            wait = (1 - self.tokens) / self.rate
-            self.sleep(wait)
-            self.tokens, self.at = 1.0, now + wait
+            return False
         self.tokens -= 1
+        return True
 
 
-class _Quiet(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT
+class _Connection:
+    __slots__ = ("deadline", "head", "out", "sock")
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """No line per request: probes come every few seconds, forever."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # none is joined at close, none is kept in a list
-
-    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
-        self.address_family = family
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.pace = Pace(RATE, BURST)
-        super().__init__(address, _Quiet)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        """The next connection, no sooner than the pace allows (serve_forever's thread only:
-        asleep here, it holds no GIL and accepts nothing)."""
-        self.pace.take()
-        return super().get_request()
-
-    def server_bind(self) -> None:
-        """As HTTPServer's, without its reverse DNS lookup of the address (socket.getfqdn):
-        a start never waits on a resolver that does not answer."""
-        TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-        self.setup_environ()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)  # over the bound: closed, unanswered
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread was started: give its slot back
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
+        self.head = b""
+        self.out: memoryview | None = None  # the answer, while it is being sent
 
 
 def routes(metrics: App, health: Health) -> App:
-    """/livez and /readyz answered by ``health``; every other path is the Prometheus app's
-    (which serves /metrics on any path, as prometheus_client always has)."""
+    """/livez and /readyz answered by ``health``, /metrics and / by the Prometheus app,
+    every other path 404. HEAD is answered as GET, without the body."""
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path not in PATHS:
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD")
+        if path in METRICS_PATHS and method == "GET":
             return metrics(environ, start_response)
-        if environ.get("REQUEST_METHOD") != "GET":
-            code, text = 405, f"{path} answers GET only"
+        if path not in PATHS + METRICS_PATHS:
+            code, text = 404, f"no {path[:64]!r} here: /metrics, /livez, /readyz"
+        elif method not in ("GET", "HEAD"):
+            code, text = 405, f"{path} answers GET and HEAD only"
+        elif path in METRICS_PATHS:  # HEAD: what GET would answer, the body dropped later
+            return metrics({**environ, "REQUEST_METHOD": "GET"}, start_response)
         else:
             code, text = health.answer(path, environ.get("QUERY_STRING", ""))
-        body = (text + "\n").encode()
-        start_response(f"{code} {_REASONS[code]}", [
-            ("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
-            ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")])
-        return [body]
+        return _plain(start_response, code, text)
 
     return app
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed",
+def _plain(start_response: Callable[..., Any], code: int, text: str) -> list[bytes]:
+    body = (text + "\n").encode()
+    headers = [("Content-Type", "text/plain; charset=utf-8"),
+               ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+    if code == 405:
+        headers.append(("Allow", "GET, HEAD"))
+    start_response(f"{code} {_REASONS[code]}", headers)
+    return [body]
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            429: "Too Many Requests", 431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
 
 
-def serve(address: str, app: App) -> WSGIServer:
+class Listener:
+    """One thread: accepts, reads each request head without blocking, answers, closes."""
+
+    def __init__(self, sock: socket.socket, app: App,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sock, self.app, self.clock = sock, app, clock
+        self.pace = Pace(METRICS_RATE, METRICS_BURST, clock)
+        self.open: dict[socket.socket, _Connection] = {}  # in accept order: oldest first
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        for s in (sock, self.wake_r, self.wake_w):
+            s.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ)
+        self.selector.register(self.wake_r, selectors.EVENT_READ)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="http-listener", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop the thread, then close the listening socket and every connection."""
+        self.stopping = True
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"x")
+        self.thread.join(10)
+        for conn in list(self.open.values()):
+            self._drop(conn)
+        self.selector.close()
+        for s in (self.sock, self.wake_r, self.wake_w):
+            s.close()
+
+    def _run(self) -> None:
+        while not self.stopping:
+            timeout = None
+            if self.open:
+                timeout = max(0.0, next(iter(self.open.values())).deadline - self.clock())
+            for key, _ in self.selector.select(timeout):
+                if key.fileobj is self.sock:
+                    self._accept()
+                elif key.fileobj is not self.wake_r and key.fileobj in self.open:
+                    self._serve(self.open[key.fileobj])
+            now = self.clock()
+            while self.open:  # the oldest first: their deadlines are in the same order
+                oldest = next(iter(self.open.values()))
+                if oldest.deadline > now:
+                    break
+                self._drop(oldest)
+
+    def _accept(self) -> None:
+        """Every connection waiting (up to the bound's worth), each read at once: a probe's
+        request is usually there already, and answered before anything can shut it out."""
+        for _ in range(MAX_CONNECTIONS):
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # ECONNABORTED, EMFILE...: the next turn tries again
+                return
+            if len(self.open) >= MAX_CONNECTIONS:
+                self._drop(next(iter(self.open.values())))
+            sock.setblocking(False)
+            conn = _Connection(sock, self.clock() + DEADLINE)
+            self.open[sock] = conn
+            self.selector.register(sock, selectors.EVENT_READ)
+            self._serve(conn)
+
+    def _serve(self, conn: _Connection) -> None:
+        try:
+            if conn.out is None:
+                data = conn.sock.recv(MAX_HEAD + 1 - len(conn.head))
+                if not data:
+                    self._drop(conn)
+                    return
+                conn.head += data
+                end = conn.head.find(b"\r\n\r\n")
+                if end < 0:
+                    end = conn.head.find(b"\n\n")
+                if end < 0 and len(conn.head) <= MAX_HEAD:
+                    return  # more to come (before the deadline)
+                conn.out = memoryview(self._answer(conn.head, end))
+                self.selector.modify(conn.sock, selectors.EVENT_WRITE)
+            sent = conn.sock.send(conn.out)
+            conn.out = conn.out[sent:]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset by the peer, or the like
+            self._drop(conn)
+            return
+        if not conn.out:
+            self._drop(conn)
+
+    def _answer(self, head: bytes, end: int) -> bytes:
+        """The whole response to a request head (``end`` < 0: it was over MAX_HEAD)."""
+        lines = head[:end].decode("latin-1").splitlines() if end >= 0 else []
+        parts = lines[0].split(" ") if lines else []
+        status, headers, chunks = "400 Bad Request", [("Content-Type", "text/plain")], [b""]
+        method = ""
+        if end < 0:
+            status, chunks = "431 Request Header Fields Too Large", [b"request head too long\n"]
+        elif len(parts) == 3 and parts[2].startswith("HTTP/"):
+            method, target = parts[0], parts[1]
+            path, _, query = target.partition("?")
+            environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+                       "SERVER_PROTOCOL": parts[2]}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                key = name.strip().upper().replace("-", "_")
+                if key in ("ACCEPT", "ACCEPT_ENCODING"):
+                    environ["HTTP_" + key] = value.strip()
+            found: dict[str, Any] = {}
+            if path in METRICS_PATHS and not self.pace.allow():
+                chunks = _plain(_keep(found), 429, f"over {METRICS_RATE:g} scrapes a second")
+                found["headers"].append(("Retry-After", "1"))
+            else:
+                chunks = list(self.app(environ, _keep(found)))
+            status, headers = found["status"], found["headers"]
+        else:
+            chunks = [b"not an HTTP request\n"]
+        body = b"".join(chunks)
+        lines_out = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers
+                                           if k.lower() not in ("content-length",
+                                                                 "connection")),
+                     f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        return "\r\n".join(lines_out).encode("latin-1") + (b"" if method == "HEAD" else body)
+
+    def _drop(self, conn: _Connection) -> None:
+        self.open.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn.sock)
+        conn.sock.close()
+
+
+def _keep(into: dict[str, Any]) -> Callable[..., None]:
+    """A WSGI start_response that keeps the status and headers in ``into``."""
+
+    def start_response(status: str, headers: list[tuple[str, str]], *_: Any) -> None:
+        into["status"], into["headers"] = status, list(headers)
+
+    return start_response
+
+
+def serve(address: str, app: App) -> Listener:
     """Listen on ``address`` (host:port, [v6]:port, or :port for 127.0.0.1) and serve
-    ``app`` from a thread of its own; the server's shutdown() and server_close() end it."""
+    ``app`` from a thread of its own; its close() ends it. Binding fails here (OSError)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    family = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0][0]
-    server = _Server((host, int(port)), family)
-    server.set_app(app)
-    threading.Thread(target=server.serve_forever, name="http-listener", daemon=True).start()
-    return server
+    family, kind, proto, _, where = socket.getaddrinfo(host, int(port),
+                                                      type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return Listener(sock, app)

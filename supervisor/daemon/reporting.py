@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 from supervisor.config.keys import SupervisorSection
 from supervisor.core.budget import Budget
@@ -68,7 +67,7 @@ class Reporter:
         self.pool, self.router, self.budget = pool, router, budget
         self.metrics = Metrics()
         self.health = Health(now, clock)
-        self.server: WSGIServer | None = None  # /metrics, /livez, /readyz (daemon/listener.py)
+        self.server: listener.Listener | None = None  # /metrics, /livez, /readyz
         self.notifier = Notifier()
         self.errors = ErrorSummary()
         self.serving = False  # every model has its ready workers (READY=1 sent)
@@ -120,8 +119,7 @@ class Reporter:
     def close(self) -> None:
         """Stop listening and notifying (at exit, and after a start that failed later on)."""
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
         self.notifier.close()
 
