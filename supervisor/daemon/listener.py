@@ -13,7 +13,8 @@ another, and what it may cost is bounded whatever the clients do:
   trickles its bytes: then it is closed.
 - A probe is answered as soon as its request has arrived (tens of microseconds of CPU): the
   kubelet's come about once a second. /metrics costs milliseconds, so scrapes are paced:
-  METRICS_RATE a second (a burst of METRICS_BURST), 429 past that. A flood of probes costs
+  METRICS_RATE a second (a burst of METRICS_BURST); one past that waits for its turn,
+  without holding up anyone, until the DEADLINE closes it. A flood of probes costs
   the daemon one thread's share of the CPU at most, never the loop's own turns.
 """
 
@@ -24,6 +25,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,8 +37,8 @@ MAX_CONNECTIONS = 256
 MAX_HEAD = 8192  # bytes of request line and headers (a probe's are under 200)
 DEADLINE = 2.0  # seconds from accept to the last byte of the answer
 BACKLOG = 512  # the kernel's queue of connections not yet accepted (capped by somaxconn)
-METRICS_RATE = 10.0  # scrapes a second (Prometheus scrapes every few seconds)
-METRICS_BURST = 10
+METRICS_RATE = 20.0  # scrapes a second (Prometheus scrapes every few seconds)
+METRICS_BURST = 20
 METRICS_PATHS = ("/metrics", "/")  # prometheus_client served any path; these two stay
 
 
@@ -49,6 +51,11 @@ class Pace:
         self.rate, self.burst, self.clock = rate, burst, clock
         self.tokens = float(burst)
         self.at = clock()
+
+    def wait(self) -> float:
+        """Seconds until allow() is True."""
+        tokens = self.tokens + (self.clock() - self.at) * self.rate
+        return max(0.0, (1 - tokens) / self.rate)
 
     def allow(self) -> bool:
         now = self.clock()
@@ -101,7 +108,7 @@ def _plain(start_response: Callable[..., Any], code: int, text: str) -> list[byt
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            429: "Too Many Requests", 431: "Request Header Fields Too Large",
+            431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
 
 
@@ -113,6 +120,7 @@ class Listener:
         self.sock, self.app, self.clock = sock, app, clock
         self.pace = Pace(METRICS_RATE, METRICS_BURST, clock)
         self.open: dict[socket.socket, _Connection] = {}  # in accept order: oldest first
+        self.parked: deque[tuple[_Connection, int]] = deque()  # scrapes waiting for the pace
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = socket.socketpair()
         for s in (sock, self.wake_r, self.wake_w):
@@ -140,11 +148,19 @@ class Listener:
             timeout = None
             if self.open:
                 timeout = max(0.0, next(iter(self.open.values())).deadline - self.clock())
+            if self.parked:
+                wait = self.pace.wait()
+                timeout = wait if timeout is None else min(timeout, wait)
             for key, _ in self.selector.select(timeout):
                 if key.fileobj is self.sock:
                     self._accept()
                 elif key.fileobj is not self.wake_r and key.fileobj in self.open:
                     self._serve(self.open[key.fileobj])
+            while self.parked and self.pace.wait() == 0:
+                conn, end = self.parked.popleft()
+                if self.open.get(conn.sock) is conn and self.pace.allow():  # not timed out
+                    conn.out = self._respond(conn, end)
+                    self._serve(conn)
             now = self.clock()
             while self.open:  # the oldest first: their deadlines are in the same order
                 oldest = next(iter(self.open.values()))
@@ -183,8 +199,11 @@ class Listener:
                     end = conn.head.find(b"\n\n")
                 if end < 0 and len(conn.head) <= MAX_HEAD:
                     return  # more to come (before the deadline)
-                conn.out = memoryview(self._answer(conn.head, end))
-                self.selector.modify(conn.sock, selectors.EVENT_WRITE)
+                if end >= 0 and _path(conn.head) in METRICS_PATHS and not self.pace.allow():
+                    self.selector.unregister(conn.sock)  # its turn comes in _run
+                    self.parked.append((conn, end))
+                    return
+                conn.out = self._respond(conn, end)
             sent = conn.sock.send(conn.out)
             conn.out = conn.out[sent:]
         except (BlockingIOError, InterruptedError):
@@ -194,6 +213,14 @@ class Listener:
             return
         if not conn.out:
             self._drop(conn)
+
+    def _respond(self, conn: _Connection, end: int) -> memoryview:
+        """The answer to send, the connection now waiting to write it."""
+        try:
+            self.selector.modify(conn.sock, selectors.EVENT_WRITE)
+        except KeyError:  # a scrape that was parked
+            self.selector.register(conn.sock, selectors.EVENT_WRITE)
+        return memoryview(self._answer(conn.head, end))
 
     def _answer(self, head: bytes, end: int) -> bytes:
         """The whole response to a request head (``end`` < 0: it was over MAX_HEAD)."""
@@ -214,11 +241,7 @@ class Listener:
                 if key in ("ACCEPT", "ACCEPT_ENCODING"):
                     environ["HTTP_" + key] = value.strip()
             found: dict[str, Any] = {}
-            if path in METRICS_PATHS and not self.pace.allow():
-                chunks = _plain(_keep(found), 429, f"over {METRICS_RATE:g} scrapes a second")
-                found["headers"].append(("Retry-After", "1"))
-            else:
-                chunks = list(self.app(environ, _keep(found)))
+            chunks = list(self.app(environ, _keep(found)))
             status, headers = found["status"], found["headers"]
         else:
             chunks = [b"not an HTTP request\n"]
@@ -234,6 +257,12 @@ class Listener:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(conn.sock)
         conn.sock.close()
+
+
+def _path(head: bytes) -> str:
+    """The path of a request head's request line ("" if it has none)."""
+    parts = head.split(b" ", 2)
+    return parts[1].partition(b"?")[0].decode("latin-1") if len(parts) == 3 else ""
 
 
 def _keep(into: dict[str, Any]) -> Callable[..., None]:
