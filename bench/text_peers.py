@@ -5,7 +5,8 @@ attention mask of any length in, a pooled embedding out), TF 1 thread per op, 2 
 batches up to 32 rows and a 5 ms wait wherever a server batches, served by:
 
 - tfsupervisor: examples/text.yaml (jobs padded up to 16/32/64/128/256 tokens with a
-  generated attention mask, every size warmed at 1 and 32 rows);
+  generated attention mask, every size warmed at 1 and 32 rows) with the same 5 ms wait,
+  and (``tfsupervisor-adaptive``) as the example has it: the wait unset, so it adapts;
 - mosec: 2 workers, ``max_batch_size=32``; each batch padded to its longest sequence (how a
   mosec user writes it); raw int32 ids in, raw float32 embedding out;
 - LitServe: 2 workers, the same padding, JSON in and out, ``fast_queue=True``;
