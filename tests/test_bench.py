@@ -205,3 +205,22 @@ def test_text_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert ours["memory_end"]["largest_mib"] > 0 and ours["open"][0]["failures"] == 0
     [ceiling] = ran["rounds"]["ceiling"]
     assert ceiling["rows"] >= 2 * text_peers.BATCH and ceiling["rows_per_cpu_s"] > 0
+
+
+def test_night_marks_recycles_and_the_throughput_they_cost() -> None:
+    """Worker w1 replaced by w2 at 15 s: one recycle there; the supervised jobs/s in that
+    10 s window against the others is the throughput lost."""
+    from bench import night
+
+    samples = [{"t": float(t), "model": "supervised", "worker": "w1" if t <= 15 else "w2",
+                "rss": (600 + 10 * t) * 2**20} for t in range(30)]
+    samples += [{"t": float(t), "model": "unsupervised", "worker": "u1",
+                 "rss": (600 + 20 * t) * 2**20} for t in range(30)]
+    assert night.recycle_times(samples, "supervised") == [15.0]
+    done = [100.0 + t / 10 for t in range(300) if not 12 <= t / 10 < 17]  # 5 s stalled
+    result = night.summarise(samples, {"supervised": {"done": done, "failed": []},
+                                       "unsupervised": {"done": [], "failed": ["x"]}},
+                             {"max_memory": 1}, 100.0, 30.0, "900MiB")
+    assert result["throughput_lost_pct"] == 50.0 and result["recycled_at_s"] == [15.0]
+    assert result["peak_mib"] == {"unsupervised": 1180, "supervised": 890}
+    assert result["failed"] == {"unsupervised": 1, "supervised": 0}
