@@ -8,7 +8,7 @@ CONFIG ?= config.yaml
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow-cuda || echo tensorflow-cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: run test lint unit bench bench-peers install clean
+.PHONY: run test lint unit bench bench-peers bench-text install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,6 +61,12 @@ $(VENV)/.installed-peers: pyproject.toml | $(STAMP)
 
 bench-peers: $(STAMP) $(VENV)/.installed-peers
 	$(PY) -m bench.peers --also mosec@1 $(BENCH_ARGS)
+
+# The seeds' workload: the demo text encoder on variable-length token ids, the same peers plus
+# the seeds' per-request service and the compute ceiling, closed and open loop. Results in
+# bench/results/text_peers.*; `make bench-text BENCH_ARGS="--rounds 1 --seconds 5"` is quick.
+bench-text: $(STAMP) $(VENV)/.installed-peers
+	$(PY) -m bench.text_peers $(BENCH_ARGS)
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -14,6 +14,7 @@ import argparse
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,20 +76,7 @@ def run(seconds: float, out: Path, quick: bool) -> dict[str, Any]:
     stats = {m: {"ok": 0, "failed": 0} for m in ("bounded", "unbounded")}
     threads = [threading.Thread(target=load, args=(sup.endpoint, m, stop, stats[m]))
                for m in stats for _ in range(2)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    samples: list[dict[str, Any]] = []
-    try:
-        while time.monotonic() - start < seconds:
-            samples.extend(sample(sup, start))
-            time.sleep(0.5)
-        recycles = sup.status()["models"]["bounded"]["recycles"]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(120)
-        sup.stop()
+    samples, recycles, _ = sampled_under_load(sup, threads, stop, seconds, "bounded")
     result = summarise(samples, stats, recycles, seconds)
     out.mkdir(parents=True, exist_ok=True)
     (out / "leak_bound_samples.json").write_text(json.dumps(samples))
@@ -102,6 +90,29 @@ def run(seconds: float, out: Path, quick: bool) -> dict[str, Any]:
           for name, key in (("with tfsupervisor", "bounded"), ("without", "unbounded"))]],
         out, f"{seconds:g} s under load, 2 client threads each; plot: leak_bound.png.")
     return result
+
+
+def sampled_under_load(sup: Any, threads: list[threading.Thread], stop: threading.Event,
+                       seconds: float, model: str
+                       ) -> tuple[list[dict[str, Any]], dict[str, int], float]:
+    """Run the client ``threads`` for ``seconds`` while every worker's RSS is read each half
+    second; then stop them and the supervisor. Returns the samples, ``model``'s recycles by
+    reason, and when the load started (time.monotonic)."""
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    samples: list[dict[str, Any]] = []
+    try:
+        while time.monotonic() - start < seconds:
+            samples.extend(sample(sup, start))
+            time.sleep(0.5)  # the sampling period
+        recycles: dict[str, int] = sup.status()["models"][model]["recycles"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+        sup.stop()
+    return samples, recycles, start
 
 
 def summarise(samples: list[dict[str, Any]], stats: dict[str, dict[str, int]],
@@ -118,24 +129,33 @@ def summarise(samples: list[dict[str, Any]], stats: dict[str, dict[str, int]],
 
 
 def plot(samples: list[dict[str, Any]], result: dict[str, Any], path: Path) -> None:
+    draw_memory(samples, {"unbounded": ("tab:red", "without (same leak, no recycling)"),
+                          "bounded": ("tab:blue", "with tfsupervisor (growth policy, "
+                                      "replacement first)")},
+                "TF retracing leak (tf.function without input_signature), 1 worker each", path)
+
+
+def draw_memory(samples: list[dict[str, Any]], models: dict[str, tuple[str, str]], title: str,
+                path: Path, marks: Sequence[float] = ()) -> None:
+    """Each model's workers' RSS over time (``models``: colour and label by model), with
+    vertical lines at ``marks`` (recycles), saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
-    colours = {"bounded": "tab:blue", "unbounded": "tab:red"}
-    labels = {"bounded": "with tfsupervisor (growth policy, replacement first)",
-              "unbounded": "without (same leak, no recycling)"}
-    for model in ("unbounded", "bounded"):
-        workers = sorted({s["worker"] for s in samples if s["model"] == model})
+    for model, (colour, label) in models.items():
+        workers = list(dict.fromkeys(s["worker"] for s in samples if s["model"] == model))
         for i, worker in enumerate(workers):
             pts = [(s["t"], s["rss"] / MB) for s in samples if s["worker"] == worker]
-            ax.plot(*zip(*pts, strict=True), color=colours[model], lw=1.6,
-                    label=labels[model] if i == 0 else None)
+            ax.plot(*zip(*pts, strict=True), color=colour, lw=1.6,
+                    label=label if i == 0 else None)
+    for i, t in enumerate(marks):
+        ax.axvline(t, color="grey", ls=":", lw=1, label="recycle" if i == 0 else None)
     ax.set_xlabel("seconds under load")
     ax.set_ylabel("worker RSS (MiB)")
-    ax.set_title("TF retracing leak (tf.function without input_signature), 1 worker each")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
     fig.tight_layout()

@@ -39,7 +39,7 @@ starts or exits within the window is left out), and client CPU per request (user
 CPU of the 4 client processes over the measured window).
 
     python -m bench.peers [--seconds 20] [--rounds 3] [--quick] [--only tfsupervisor,mosec]
-                          [--resident] [--model DIR] [--out DIR]
+                          [--resident] [--model DIR] [--out DIR] [--clients N]
 """
 
 from __future__ import annotations
@@ -75,13 +75,16 @@ FEATURES = 64
 MAX_WAIT_MS = 5
 START_TIMEOUT = 300.0
 SKIPPED = "skipped (not installed)"
+CONCURRENT = CLIENTS  # concurrent clients (--clients)
 # Rough resident memory of one server (2 TF workers and its broker); Ray's daemons more.
 RESIDENT_BYTES = 2 * 2**30
 
 # --- the peers' server scripts ------------------------------------------------------------
 
-# Every peer loads and calls the model as tfsupervisor's worker does (worker/runners.py).
-LOAD_MODEL = '''
+# Every peer loads and calls the model as tfsupervisor's worker does (worker/runners.py):
+# its inputs, in order, and the output it answers with are $PEERS_INPUTS and $PEERS_OUTPUT
+# (the MLP's by default; bench/text_peers.py serves the text encoder with the same loader).
+LOAD = '''
 import os
 import signal
 import sys
@@ -91,26 +94,69 @@ import numpy as np
 
 
 def load_model():
-    """serving_default of the SavedModel at $PEERS_MODEL, called on one float32 batch."""
+    """serving_default of the SavedModel at $PEERS_MODEL, called on one batch per input."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     loaded = tf.saved_model.load(os.environ["PEERS_MODEL"])
     fn = loaded.signatures["serving_default"]
+    names = os.environ.get("PEERS_INPUTS", "features").split(",")
+    output = os.environ.get("PEERS_OUTPUT", "output_0")
 
-    def call(x):
-        return fn(features=tf.constant(x))["output_0"].numpy()
+    def call(*arrays):
+        return fn(**{n: tf.constant(a) for n, a in zip(names, arrays)})[output].numpy()
 
     call.keepalive = loaded  # the signature's variables live as long as the object
     return call
+'''
+
+LOAD_MODEL = LOAD + '''
+
+def forward_raw(call, rows):
+    """A batch of raw request bodies (float32 rows) in, raw answers (float32) out."""
+    x = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), -1)
+    return [row.tobytes() for row in call(x)]
+
+
+def from_json(request):
+    return np.asarray(request["features"], np.float32)
+
+
+def predict_rows(call, rows):
+    return call(np.stack(rows))
+
+
+def to_json(output):
+    return {"probability": float(output[0])}
+'''
+
+# Shared with bench/text_peers.py, whose LOAD_MODEL defines its own forward_raw, from_json,
+# predict_rows and to_json. Each script defines ``Model``.
+MOSEC_MAIN = '''
+
+if __name__ == "__main__":
+    server = Server()
+    server.append_worker(Model, num=2, max_batch_size=32,
+                         max_wait_time=int(float(os.environ["PEERS_WAIT_MS"])))
+    server.run()
+'''
+
+LITSERVE_MAIN = '''
+
+if __name__ == "__main__":
+    api = Model(max_batch_size=32, batch_timeout=float(os.environ["PEERS_WAIT_MS"]) / 1000)
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=2, timeout=60,
+                          fast_queue=True)
+    server.run(host="127.0.0.1", port=int(os.environ["PEERS_PORT"]), log_level="warning",
+               generate_client_file=False)
 '''
 
 MOSEC_SERVER = '''
 from mosec import Server, Worker
 
 
-class MLP(Worker):
+class Model(Worker):
     resp_mime_type = "application/octet-stream"
 
     def __init__(self):
@@ -124,48 +170,34 @@ class MLP(Worker):
         return data
 
     def forward(self, data):
-        x = np.frombuffer(b"".join(data), np.float32).reshape(len(data), -1)
-        return [row.tobytes() for row in self.call(x)]
+        return forward_raw(self.call, data)
 
-
-if __name__ == "__main__":
-    server = Server()
-    server.append_worker(MLP, num=2, max_batch_size=32,
-                         max_wait_time=int(float(os.environ["PEERS_WAIT_MS"])))
-    server.run()
-'''
+''' + MOSEC_MAIN
 
 LITSERVE_SERVER = '''
 import litserve as ls
 
 
-class MLP(ls.LitAPI):
+class Model(ls.LitAPI):
     def setup(self, device):
         self.call = load_model()
 
     def decode_request(self, request):
-        return np.asarray(request["features"], np.float32)
+        return from_json(request)
 
     def batch(self, inputs):
-        return np.stack(inputs)
+        return inputs
 
-    def predict(self, x):
-        return self.call(x)
+    def predict(self, rows):
+        return predict_rows(self.call, rows)
 
     def unbatch(self, output):
         return list(output)
 
     def encode_response(self, output):
-        return {"probability": float(output[0])}
+        return to_json(output)
 
-
-if __name__ == "__main__":
-    api = MLP(max_batch_size=32, batch_timeout=float(os.environ["PEERS_WAIT_MS"]) / 1000)
-    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=2, timeout=60,
-                          fast_queue=True)
-    server.run(host="127.0.0.1", port=int(os.environ["PEERS_PORT"]), log_level="warning",
-               generate_client_file=False)
-'''
+''' + LITSERVE_MAIN
 
 RAY_SERVER = '''
 import ray
@@ -247,7 +279,9 @@ def wait_of(peer: Peer) -> float:
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
     Peer("tfsupervisor", "tfsupervisor (ZeroMQ, batching 32, the same wait)", ()),
-    Peer("tfsupervisor-nowait", "tfsupervisor, batch_timeout_ms 0 (its default)", ()),
+    Peer("tfsupervisor-nowait", "tfsupervisor, batch_timeout_ms 0", ()),
+    Peer("tfsupervisor-default", "tfsupervisor, batch_timeout_ms not set (its default: "
+         "adaptive)", ()),
     Peer("mosec", "mosec 2 workers, batch 32 (raw bytes)", ("mosec",),
          MOSEC_SERVER, ("--address", "127.0.0.1", "--port", "{port}", "--log-level",
                         "warning", "--timeout", "60000"), "/inference"),
@@ -333,23 +367,28 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     kill_leftovers(family)
 
 
-def start_tfsupervisor(peer: Peer, model: Path) -> Running:
-    """tfsupervisor with the peers' batch wait, or (``-nowait``) with its default of none."""
-    config = supervisor_config(model, batching=True)
-    # The product's default poll (start_supervisor's 0.2 s, for tests, polls and scans the
-    # workers' process trees five times as often).
-    config["supervisor"] = {"poll_interval": "1s"}
-    wait = wait_of(peer)
-    config["models"]["mlp"]["batching"]["batch_timeout_ms"] = wait
-    sup: Supervisor = start_supervisor(config)
-
+def stopper(sup: Supervisor) -> Callable[[], None]:
+    """Stops the supervisor, then kills whatever of its process tree is left."""
     def stop() -> None:
         family = tree(sup.process.pid)[1:]
         try:
             sup.stop(timeout=30)
         finally:
             kill_leftovers(family)
+    return stop
 
+
+def start_tfsupervisor(peer: Peer, model: Path) -> Running:
+    """tfsupervisor with the peers' batch wait, (``-nowait``) none, or (``-default``) its
+    default: the wait adapts to the load."""
+    config = supervisor_config(model, batching=True)
+    # The product's default poll (start_supervisor's 0.2 s, for tests, polls and scans the
+    # workers' process trees five times as often).
+    config["supervisor"] = {"poll_interval": "1s"}
+    if not peer.name.endswith("-default"):  # the default: not set, the wait adapts
+        config["models"]["mlp"]["batching"]["batch_timeout_ms"] = wait_of(peer)
+    sup: Supervisor = start_supervisor(config)
+    stop = stopper(sup)
     try:
         sup.wait_ready(timeout=START_TIMEOUT)
     except BaseException:
@@ -482,30 +521,37 @@ def _client_process(target: tuple[str, Any], seconds: float, threads: int, out: 
     out.put(([t for _, t in run.latencies], run.failures, cpu))
 
 
-def load(target: tuple[str, Any], seconds: float, clients: int = CLIENTS,
-         processes: int = PROCESSES) -> Load:
-    """``clients`` batch-1 callers in ``processes`` forked client processes."""
-    context = mp.get_context("fork")  # the bench process never imports TensorFlow
+def load(target: tuple[str, Any], seconds: float) -> Load:
+    """CONCURRENT batch-1 callers in up to PROCESSES forked client processes."""
+    processes = min(PROCESSES, CONCURRENT)
+    clients = CONCURRENT
+    result = Load()
+    for latencies, failures, cpu in fork_clients(
+            _client_process, lambda _: (target, seconds, clients // processes), processes,
+            seconds + 300):
+        result.latencies += latencies
+        result.failures += failures
+        result.cpu += cpu
+    return result
+
+
+def fork_clients(run: Callable[..., None], args: Callable[[int], tuple[Any, ...]],
+                 processes: int, timeout: float) -> list[Any]:
+    """What each of ``processes`` forked processes put on its queue: process i runs
+    ``run(*args(i), queue)`` (forked: the bench process never imports TensorFlow)."""
+    context = mp.get_context("fork")
     out = context.Queue()
-    procs = [context.Process(target=_client_process,
-                             args=(target, seconds, clients // processes, out))
-             for _ in range(processes)]
+    procs = [context.Process(target=run, args=(*args(i), out)) for i in range(processes)]
     for proc in procs:
         proc.start()
-    result = Load()
-    try:
-        for _ in procs:  # read before joining: a child blocks until its results are taken
-            latencies, failures, cpu = out.get(timeout=seconds + 300)
-            result.latencies += latencies
-            result.failures += failures
-            result.cpu += cpu
+    try:  # read before joining: a child blocks until its results are taken
+        return [out.get(timeout=timeout) for _ in procs]
     finally:
         for proc in procs:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    return result
 
 
 # --- rounds -----------------------------------------------------------------------------------
@@ -727,7 +773,7 @@ def run(seconds: float, rounds: int, only: list[str] | None = None, out: Path | 
         for row in rows:
             row.pop("latencies", None)
     results = {"seconds": seconds, "warmup_seconds": warmup, "rounds_run": rounds,
-               "clients": CLIENTS, "processes": PROCESSES,
+               "clients": CONCURRENT, "processes": min(PROCESSES, CONCURRENT),
                "mode": "resident servers" if resident else "servers started per round",
                "max_wait_ms": MAX_WAIT_MS, "servers": summaries,
                "ratios": ratios(rounds_of, summaries), "rounds": rounds_of}
@@ -736,7 +782,7 @@ def run(seconds: float, rounds: int, only: list[str] | None = None, out: Path | 
 
 
 def main() -> None:
-    global MAX_WAIT_MS
+    global MAX_WAIT_MS, CONCURRENT
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="measured seconds per round")
@@ -757,8 +803,10 @@ def main() -> None:
     parser.add_argument("--also", type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
                         default=[], help="NAME@MS,...: run server NAME again with its own "
                         "batch wait (e.g. mosec@1: each server at the wait it does best with)")
+    parser.add_argument("--clients", type=int, default=CLIENTS,
+                        help="concurrent clients (1: one caller waiting on each answer)")
     args = parser.parse_args()
-    MAX_WAIT_MS = args.wait_ms
+    MAX_WAIT_MS, CONCURRENT = args.wait_ms, max(1, args.clients)
     try:
         extra = [variant(spec).name for spec in args.also]
     except ValueError as exc:

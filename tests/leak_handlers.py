@@ -16,6 +16,8 @@ what the probes show for it, is measured by ``bench/leak_probes.py``:
 - ``keras_encoder_predict``: a Keras transformer encoder over ``input_ids: int32[None, None]``
   called with ``model.predict()`` per call, as a text service is often first written: memory
   ramps over the first minute of mixed lengths, then levels off (bench/predict_ramp.py).
+- ``eager_text``: the demo text encoder per request, its length a Python argument of a
+  ``tf.function``: a graph per new length (bench/night.py).
 - :func:`save_embedding_model`: a SavedModel with an ``int32[None, None]`` input (an
   embedding, mean-pooled), to be served with many sequence lengths.
 - ``leak_on_demand``: ``native_leak`` for marked jobs only (first value >= 1000): a
@@ -241,3 +243,34 @@ class LeakOnDemand(NativeLeak):
 
 def leak_on_demand(options: dict[str, Any]) -> LeakOnDemand:
     return LeakOnDemand(options)
+
+
+class EagerText:
+    """Seed 002's kind of handler: the demo text encoder (the SavedModel at
+    ``options["model"]``) served one request at a time on its own length, through a
+    ``tf.function`` without ``input_signature`` that takes the length as a Python argument,
+    as a service written around eager calls often does: every new length traces a new graph,
+    which TensorFlow keeps for the life of the process."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        import tensorflow as tf
+
+        self.loaded = tf.saved_model.load(options["model"])  # its variables live with it
+        serve = self.loaded.signatures["serving_default"]
+        self.tf = tf
+        self.inputs = [TensorSpec("input_ids", "int32", (None, None))]
+        self.outputs = None
+
+        def encode(ids: Any, length: int) -> Any:
+            mask = tf.ones([tf.shape(ids)[0], length], tf.int32)
+            return serve(input_ids=ids, attention_mask=mask)["pooled"]
+
+        self.encode = tf.function(encode)
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        ids = inputs["input_ids"]
+        return {"pooled": self.encode(self.tf.constant(ids), int(ids.shape[1])).numpy()}
+
+
+def eager_text(options: dict[str, Any]) -> EagerText:
+    return EagerText(options)

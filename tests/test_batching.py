@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from supervisor.config.keys import BatchPolicy, powers_of_two
 from supervisor.config.loading import parse_config
 from supervisor.config.settings import ConfigErrors
+from supervisor.core.batch_wait import MAX_WAIT, BatchWait, Costs
 from supervisor.core.batching import take_batch
 from supervisor.core.jobs import Job
+from supervisor.core.router import Router
 from supervisor.shared.protocol import (
     INFER,
     INTERNAL_HOP,
@@ -504,3 +506,89 @@ def test_uniform_batches_answer_as_the_general_path(
         # What the supervisor passes on is the packed header: it must say the same.
         passed, _ = unpack_results(decode(encode(pack_results(fast)), INTERNAL_HOP))
         assert _answers(passed) == _answers(slow)
+
+
+# --- the adaptive batch wait (batch_timeout_ms not set) ------------------------------------
+
+def measured(per_call: float, per_row: float, rate: float, outstanding: int,
+             seconds: float = 2.0) -> tuple[BatchWait, float]:
+    """A model whose batches of 1..32 rows cost ``per_call + per_row * rows`` seconds, with
+    rows arriving at ``rate`` per second, each finding ``outstanding`` jobs already in."""
+    wait, now = BatchWait(), 100.0
+    for rows in [1, 2, 4, 8, 16, 32] * 10:
+        wait.called(rows, per_call + per_row * rows)
+    for _ in range(int(rate * seconds)):
+        wait.arrived(1, outstanding, now)
+        now += 1.0 / rate
+    return wait, now
+
+
+def test_no_wait_while_each_job_finds_an_idle_worker() -> None:
+    """One client waiting on each answer: nothing outstanding when its job arrives."""
+    wait, now = measured(500e-6, 50e-6, rate=1500, outstanding=0)
+    decision = wait.decide(workers=2, max_batch_size=32, now=now)
+    assert decision.seconds == 0.0 and "no wait" in decision.reason
+    assert wait.decide(workers=2, max_batch_size=1, now=now).seconds == 0.0
+
+
+def test_queued_jobs_wait_to_fill_batches_when_calls_cost_more_than_rows() -> None:
+    """32 clients on 2 workers, the MLP's costs: a wait gathering about a worker's share."""
+    wait, now = measured(500e-6, 50e-6, rate=5000, outstanding=31)
+    costs = wait.costs()
+    assert costs is not None
+    assert costs.per_call == pytest.approx(500e-6, rel=0.01)
+    assert costs.per_row == pytest.approx(50e-6, rel=0.01)
+    decision = wait.decide(workers=2, max_batch_size=32, now=now)
+    assert 0 < decision.seconds <= min(15 / 5000, 2 * (500e-6 + 16 * 50e-6)) + 1e-9
+    assert "~16 rows" in decision.reason and "31.0 jobs outstanding" in decision.reason
+
+
+def test_no_wait_when_rows_cost_more_than_calls() -> None:
+    """A text encoder on CPU: each row costs ~1 ms, a call ~0.1 ms more; a wait buys nothing."""
+    wait, now = measured(100e-6, 1e-3, rate=400, outstanding=31)
+    decision = wait.decide(workers=2, max_batch_size=32, now=now)
+    assert decision.seconds == 0.0 and "small beside a row's" in decision.reason
+
+
+def test_the_wait_is_bounded_by_two_calls_and_twenty_ms() -> None:
+    slow_arrivals, now = measured(500e-6, 50e-6, rate=20, outstanding=31, seconds=10)
+    assert slow_arrivals.decide(2, 32, now).seconds == pytest.approx(2 * (500e-6 + 16 * 50e-6))
+    slow_calls, now = measured(0.5, 1e-3, rate=100, outstanding=100)
+    assert slow_calls.decide(2, 32, now).seconds == MAX_WAIT
+
+
+def test_an_idle_spell_decays_the_arrival_rate() -> None:
+    wait, now = measured(500e-6, 50e-6, rate=5000, outstanding=31)
+    assert wait.rate == pytest.approx(5000, rel=0.1)
+    wait.arrived(1, 0, now + 10.0)
+    assert wait.rate < 5.0
+
+
+def test_batches_of_one_size_count_their_whole_time_per_call() -> None:
+    wait = BatchWait()
+    assert wait.costs() is None
+    for _ in range(5):
+        wait.called(1, 0.002)
+    wait.called(3, float("nan"))  # ignored, as is a negative time
+    wait.called(3, -1.0)
+    assert wait.costs() == Costs(pytest.approx(0.002), 0.0)
+
+
+def test_a_fixed_timeout_overrides_the_adaptive_wait() -> None:
+    """The router decides a wait only for a model whose batch_timeout_ms is not set."""
+    adaptive = BatchPolicy.from_config(32, None, None)
+    fixed = BatchPolicy.from_config(32, 3.0, None)
+    assert adaptive.adaptive and not fixed.adaptive and fixed.timeout == 0.003
+    router = Router([], max_queue=5000)
+    for i in range(3000):
+        router.submit(job(i, t=i / 5000))  # queued faster than they are served
+    router.sent["w1"] = ("m", 8, 0.0)
+    router.batch_done("w1", 0.0009)
+    router.sent["w1"] = ("m", 1, 0.0)
+    router.batch_done("w1", 0.00055)
+    assert router.batch_policy("m", fixed) is fixed
+    assert router.batch_policy("m", adaptive).timeout == 0.0  # nothing decided yet
+    router.dispatch("m", [("w1", 0), ("w2", 0)], now=3000 / 5000, policy=adaptive)
+    decision = router.wait_decisions["m"]
+    assert decision.seconds > 0 and router.batch_policy("m", adaptive).timeout == \
+        decision.seconds

@@ -3,12 +3,16 @@ none can rot. No timing is asserted here; the figures live in bench/results."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bench import footprint, health_checks, probe_cost, roundtrip, throughput
+from bench import footprint, health_checks, probe_cost, roundtrip, text_peers, throughput
 
 
 def _written(out: Path, name: str) -> dict[str, object]:
@@ -141,3 +145,88 @@ def test_timeline_smoke(tmp_path: Path) -> None:
     result = _written(tmp_path, "timeline")
     lined_up = result["jobs_lined_up"]
     assert isinstance(lined_up, dict) and all(count > 0 for count in lined_up.values())
+
+
+class _Stalling(http.server.BaseHTTPRequestHandler):
+    """Answers one request at a time, each after 40 ms: far slower than it is sent to."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(0.04)  # the server's service time, not a wait in the test
+        body = bytes(4 * text_peers.WIDTH)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Out(list[object]):
+    put = list.append
+
+
+def test_open_loop_counts_latency_from_the_scheduled_send() -> None:
+    """60 requests scheduled over 1 s to a server that answers 25 a second: the last ones
+    are answered ~1.4 s after they were due, though none took more than 16 x 40 ms once
+    sent. Counted from the schedule, the queue the server built shows."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Stalling)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out = _Out()
+        text_peers._open(("raw", (server.server_address[1], "/")), 1.0, 60.0, 7, out)
+    finally:
+        server.shutdown()
+        server.server_close()
+    [(latencies, failures)] = out  # type: ignore[misc]
+    assert failures == 0 and 30 <= len(latencies) <= 100  # a Poisson count around 60
+    assert max(latencies) > 0.04 * len(latencies) - 1.0 - 0.2 > 16 * 0.04
+
+
+def test_open_loop_rates_follow_the_rounds_first_server() -> None:
+    rates = text_peers.Rates([0.5, 0.8])
+    assert rates(200.0) == [100.0, 160.0]
+    assert rates(50.0) == [100.0, 160.0]  # the same absolute rates for every server after it
+    drawn = text_peers.lengths(10_000, seed=1)
+    assert drawn.min() >= 4 and drawn.max() <= text_peers.MAX_LENGTH
+    assert 24 <= np.median(drawn) <= 32 and np.mean(drawn > 64) > 0.05  # skewed: a long tail
+
+
+@pytest.mark.tf
+def test_text_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text bench end to end: tfsupervisor with the adaptive wait (closed and open
+    loop, memory at both ends) and the compute ceiling, on the demo text model."""
+    pytest.importorskip("tensorflow")
+    from bench import peers
+
+    monkeypatch.setattr(peers, "SETTLE_MAX_S", 1.0)  # CI's cores are never idle
+    ran = text_peers.run(["tfsupervisor-adaptive", "ceiling"], 1, 1.0, 0.5, 0.5, [0.5],
+                         tmp_path)
+    result = _written(tmp_path, "text_peers")
+    assert result["summary"] == ran["summary"]
+    [ours] = ran["rounds"]["tfsupervisor-adaptive"]
+    assert ours["failures"] == 0 and ours["rows"] > 0, ours
+    assert ours["memory_end"]["largest_mib"] > 0 and ours["open"][0]["failures"] == 0
+    [ceiling] = ran["rounds"]["ceiling"]
+    assert ceiling["rows"] >= 2 * text_peers.BATCH and ceiling["rows_per_cpu_s"] > 0
+
+
+def test_night_marks_recycles_and_the_throughput_they_cost() -> None:
+    """Worker w1 replaced by w2 at 15 s: one recycle there; the supervised jobs/s in that
+    10 s window against the others is the throughput lost."""
+    from bench import night
+
+    samples = [{"t": float(t), "model": "supervised", "worker": "w1" if t <= 15 else "w2",
+                "rss": (600 + 10 * t) * 2**20} for t in range(30)]
+    samples += [{"t": float(t), "model": "unsupervised", "worker": "u1",
+                 "rss": (600 + 20 * t) * 2**20} for t in range(30)]
+    assert night.recycle_times(samples, "supervised") == [15.0]
+    done = [100.0 + t / 10 for t in range(300) if not 12 <= t / 10 < 17]  # 5 s stalled
+    result = night.summarise(samples, {"supervised": {"done": done, "failed": []},
+                                       "unsupervised": {"done": [], "failed": ["x"]}},
+                             {"max_memory": 1}, 100.0, 30.0, "900MiB")
+    assert result["throughput_lost_pct"] == 50.0 and result["recycled_at_s"] == [15.0]
+    assert result["peak_mib"] == {"unsupervised": 1180, "supervised": 890}
+    assert result["failed"] == {"unsupervised": 1, "supervised": 0}

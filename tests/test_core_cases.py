@@ -795,3 +795,58 @@ def test_explain_in_warm_up_says_not_judged_yet_and_what_it_grew() -> None:
     text = render_explain(report)
     assert "not judged yet" in text and "+340.0MiB over 16 jobs" in text, text
     assert "beyond noise" not in text
+
+
+def _serve(world: World, seconds: float, clients: int, gap: float) -> float:
+    """Clients each sending a job ``gap`` seconds after their last answer; each batch takes
+    0.5 ms + 0.05 ms per row in its worker (the MLP's shape: calls cost more than rows).
+    Returns the mean rows per batch sent meanwhile."""
+    done_at: dict[str, float] = {}
+    sent_before = world.core.router.batches.get("a", (0, 0))
+    outstanding, next_send = 0, world.now
+    end = world.now + seconds
+    while world.now < end:
+        for worker, batches in world.batches.items():
+            if batches and worker not in done_at:
+                done_at[worker] = world.now + 0.0005 + 0.00005 * batches[0].rows
+        for worker, at in sorted(done_at.items(), key=lambda kv: kv[1]):
+            if at <= world.now:
+                outstanding -= len(world.batches[worker][0].jobs)
+                del done_at[worker]
+                world.answer(worker)
+        if outstanding < clients and world.now >= next_send:
+            world.request(valid("a", 1))
+            outstanding += 1
+            next_send = world.now + gap
+        world.tick(0.0002)
+    count, rows = world.core.router.batches["a"]
+    return (rows - sent_before[1]) / (count - sent_before[0])
+
+
+def test_the_default_batch_wait_adapts_to_the_load() -> None:
+    """batch_timeout_ms unset: one client is never held; 32 clients on 2 workers fill their
+    batches, more than with a fixed 0, the wait bounded and explained in status."""
+    config = BASE.replace("workers: 1", "workers: 2").replace("max_batch_size: 8",
+                                                               "max_batch_size: 32")
+    fixed = World(config.replace("max_batch_size: 32", "max_batch_size: 32, "
+                                 "batch_timeout_ms: 0"))
+    adaptive = World(config)
+    for world in (fixed, adaptive):
+        world.ready("a-1")
+        world.ready("a-2")
+    one = _serve(adaptive, 0.6, clients=1, gap=0.0002)
+    wait = Controller(adaptive.core, dict, lambda: True, lambda: True).status(
+        adaptive.now)["models"]["a"]["batches"]["wait"]
+    assert one == 1.0 and wait["mode"] == "adaptive" and wait["ms"] == 0.0, wait
+    assert "no wait: 0.0 jobs outstanding" in wait["why"]
+    loaded = {"fixed": _serve(fixed, 0.6, clients=32, gap=0.0),
+              "adaptive": _serve(adaptive, 0.6, clients=32, gap=0.0)}
+    assert loaded["adaptive"] > 1.5 * loaded["fixed"], loaded
+    status = Controller(adaptive.core, dict, lambda: True, lambda: True).status(adaptive.now)
+    wait = status["models"]["a"]["batches"]["wait"]
+    assert 0 < wait["ms"] <= 20 and "waiting for ~" in wait["why"], wait
+    assert "batch wait" in render_status(status) and "(adaptive: waiting for ~" in \
+        render_status(status)
+    assert Controller(fixed.core, dict, lambda: True, lambda: True).status(fixed.now)[
+        "models"]["a"]["batches"]["wait"] == {"mode": "fixed", "ms": 0.0,
+                                               "why": "batch_timeout_ms is set"}

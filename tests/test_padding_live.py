@@ -6,6 +6,8 @@ that padding would change is refused at load with the reason."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from supervisor.client import BadRequest
 from tests.conftest import Supervisor, short_tmpdir, start_supervisor
@@ -24,14 +27,24 @@ tf = pytest.importorskip("tensorflow", reason="workers need the tensorflow extra
 SIZES = [8, 16, 32]
 JOBS = 96
 THREADS = 16
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "text.yaml"
 
 
 @pytest.fixture(scope="module")
 def encoders() -> Iterator[Path]:
+    """The test encoders, and the demo text model built through the CLI users run."""
     path = short_tmpdir()
     save_encoder(path / "masked")
     save_encoder(path / "unmasked", masked=False)
+    subprocess.run([sys.executable, "-m", "supervisor", "demo-model", "--text",
+                    str(path / "demo_text")], check=True)
     yield path
+
+
+def example_model(encoders: Path) -> dict[str, Any]:
+    """examples/text.yaml's model, on the CLI-built demo text model, with one worker."""
+    model: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())["models"]["text"]
+    return {**model, "saved_model": str(encoders / "demo_text"), "workers": 1}
 
 
 def padded_model(path: Path) -> dict[str, Any]:
@@ -49,13 +62,15 @@ def sup(encoders: Path) -> Iterator[Supervisor]:
     sup = start_supervisor({"models": {
         "padded": padded_model(encoders / "masked"),
         "plain": plain,
+        "example": example_model(encoders),
         "unmasked": {**padded_model(encoders / "unmasked"), "required": False,
                      "padding": {"seq": {"inputs": {"input_ids": 1}, "sizes": SIZES,
                                          "outputs": {"tokens": 1}}}},
     }})
     try:
         sup.wait_for(lambda s: all(s["models"][m]["workers"] and s["models"][m]["workers"][0][
-            "state"] == "ready" for m in ("padded", "plain")), 180, "both encoders ready")
+            "state"] == "ready" for m in ("padded", "plain", "example")), 180,
+            "the encoders ready")
         yield sup
     finally:
         sup.stop()
@@ -133,3 +148,24 @@ def test_a_model_that_padding_would_change_is_refused_at_load(sup: Supervisor) -
     error = status["models"]["unmasked"]["last_error"]
     assert "padding 'seq' changes the model's output" in error, error
     assert "mask_input" in error  # and says what to do
+
+
+def test_the_demo_text_model_serves_with_the_example_padding(sup: Supervisor,
+                                                              encoders: Path) -> None:
+    """`demo-model --text` and examples/text.yaml: jobs of lengths across every size batch
+    together, and each gets the pooled embedding the model gives it alone, unpadded."""
+    sizes = yaml.safe_load(EXAMPLE.read_text())["models"]["text"]["padding"]["seq"]["sizes"]
+    lengths = [1, 3, sizes[0], sizes[0] + 1, 40, sizes[-2] + 1, sizes[-1], *range(5, 37)]
+    jobs = [token_ids(n, seed=i, vocab=8192) for i, n in enumerate(lengths)]
+    before = batches(sup, "example")
+    results = serve_all(sup, "example", jobs)
+    serve = tf.saved_model.load(str(encoders / "demo_text")).signatures["serving_default"]
+    for ids, got in zip(jobs, results, strict=True):
+        want = serve(input_ids=tf.constant(ids), attention_mask=tf.ones(ids.shape, tf.int32))
+        assert set(got) == {"pooled"}
+        np.testing.assert_allclose(got["pooled"], want["pooled"].numpy(), rtol=1e-4,
+                                   atol=1e-5)
+    sent, rows = batches(sup, "example")
+    assert rows - before[1] == pytest.approx(len(jobs), abs=0.5) and sent - before[0] < len(jobs)
+    with sup.client() as client, pytest.raises(BadRequest, match="more than the largest size"):
+        client.infer("example", {"input_ids": token_ids(sizes[-1] + 1, seed=0)})

@@ -558,14 +558,16 @@ def reload_settled(model: dict[str, Any] | None) -> bool:
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
-    path = Path(args.path)
+    path = Path(args.text or args.path)
     if (path / "saved_model.pb").exists() and not args.force:
         print(f"{path}: demo model already there (use --force to rebuild)")
         return 0
     # Built in a child process: the `tfsupervisor` command itself never imports TensorFlow.
-    code = subprocess.call([sys.executable, "-m", "worker.demo_model", str(path)])
+    module = "worker.demo_text" if args.text else "worker.demo_model"
+    code = subprocess.call([sys.executable, "-m", module, str(path)])
     if code == 0:
-        print(f"{path}: demo model written (SavedModel, signature serving_default)")
+        what = "text encoder (input_ids, attention_mask -> pooled)" if args.text else "MLP"
+        print(f"{path}: demo {what} written (SavedModel, signature serving_default)")
     return code
 
 
@@ -687,9 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="then wait up to this long until every model serves on workers "
                         "of the settings now in force: exit 1 if a model's workers fail to "
                         "start or are not ready in time")
-    demo = add("demo-model", cmd_demo_model, "Build the demo MLP as a SavedModel.",
-               config=False)
+    demo = add("demo-model", cmd_demo_model, "Build the demo MLP (or, with --text, a "
+               "transformer text encoder) as a SavedModel.", config=False)
     demo.add_argument("path", nargs="?", default="models/demo")
+    demo.add_argument("--text", metavar="PATH", help="build the demo text encoder at PATH "
+                      "instead (token ids and attention mask of any length; served with "
+                      "padding by examples/text.yaml)")
     demo.add_argument("--force", action="store_true")
     keygen = add("keygen", cmd_keygen, "Write CURVE server and client key pairs.",
                  config=False)

@@ -120,6 +120,9 @@ def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str
     batches = model.get("batches") or {}
     batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
                  f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
+    wait = batches.get("wait")
+    if wait and batches.get("max_batch_size", 1) > 1:
+        batch_text += f"; batch wait {wait['ms']:g} ms ({wait['mode']}: {wait['why']})"
     return (f"{name}: {state}; queued {model['queued']}, in flight {model['in_flight']}"
             f"{batch_text}; {model['memory_metric']} limit "
             f"{format_size(model.get('max_memory'))}; recycles: {recycles}{last_text}"

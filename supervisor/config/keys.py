@@ -160,10 +160,13 @@ class BatchingConfig:
     max_batch_size: int = setting(
         Int(1, MAX_BATCH_JOBS), 32, "Most rows in one batch; 1 turns batching off (handlers "
         "that cannot batch).")
-    batch_timeout_ms: float = setting(
-        Float(0.0, MAX_BATCH_TIMEOUT_MS), 0.0, "How long a partial batch may wait for more "
-        "jobs; 0: dispatch at once (batches then form only under load, and no latency is "
-        "added). At most 60000 (a minute).")
+    batch_timeout_ms: float | None = setting(
+        Optional(Float(0.0, MAX_BATCH_TIMEOUT_MS)), None, "How long a partial batch may wait "
+        "for more jobs. Not set: adaptive (no wait while each job finds an idle worker; "
+        "under load, long enough to gather the rows that make a call's fixed cost small, at "
+        "most two calls' time and 20 ms: `status` shows the wait and why). A number fixes "
+        "it; 0: dispatch at once (batches then form only under load). At most 60000 (a "
+        "minute).")
     allowed_batch_sizes: tuple[int, ...] | None = setting(
         Optional(ListOf(Int(1), min_items=1)), None, "Sizes a batch is padded up to; default "
         "powers of two up to max_batch_size. Fewer shapes, less TF memory growth.")
@@ -507,11 +510,14 @@ class BatchPolicy:
     max_batch_size: int = 1
     timeout: float = 0.0  # seconds a partial batch may wait
     allowed: tuple[int, ...] = (1,)  # sizes a batch is padded up to (ascending)
+    adaptive: bool = False  # the wait is decided from measurements (core/batch_wait.py)
 
     @classmethod
-    def from_config(cls, max_batch_size: int, timeout_ms: float,
+    def from_config(cls, max_batch_size: int, timeout_ms: float | None,
                     allowed: tuple[int, ...] | None) -> BatchPolicy:
         sizes = tuple(sorted(set(allowed))) if allowed else powers_of_two(max_batch_size)
+        if timeout_ms is None:
+            return cls(max_batch_size, 0.0, sizes, adaptive=True)
         return cls(max_batch_size, timeout_ms / 1000.0, sizes)
 
     def pad_to(self, rows: int) -> int:

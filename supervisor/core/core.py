@@ -182,7 +182,8 @@ class Core:
             queue = self.router.queues.get(model)
             if not queue:
                 continue
-            batch_ends = next_deadline(queue, state.config.batch_policy)
+            batch_ends = next_deadline(queue, self.router.batch_policy(
+                model, state.config.batch_policy))
             if batch_ends is not None and batch_ends > now:
                 wake = min(wake, batch_ends)
             expires = self.router.expiries.earliest(model)
@@ -300,6 +301,7 @@ class Core:
             self._broke(worker, "results left jobs of its batch unanswered", now)
         elif leaving:
             self.lifecycle.leaving_by_itself(worker, now)
+        self.router.batch_done(worker.id, now)  # its call's time, for the adaptive wait
         self.dispatch(worker.model, now)
 
     def _broke(self, worker: WorkerHandle, why: str, now: float) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from supervisor.config.keys import BatchPolicy
 from supervisor.core.actions import Action, Reply, SendBatch
+from supervisor.core.batch_wait import BatchWait, Decision
 from supervisor.core.batching import job_rows, take_batch
 from supervisor.core.expiries import Expiries
 from supervisor.core.jobs import Job
@@ -48,6 +50,12 @@ class Router:
         self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
         self.pending_bytes: dict[str, int] = {}
         self.expiries = Expiries()  # the earliest deadline of each model's queued jobs
+        # The adaptive batch wait (a model whose batch_timeout_ms is not set): each model's
+        # measurements, its last decision, and each worker's batch in flight (model, rows,
+        # dispatched at) until it is answered.
+        self.waits: dict[str, BatchWait] = {}
+        self.wait_decisions: dict[str, Decision] = {}
+        self.sent: dict[str, tuple[str, int, float]] = {}
 
     # --- queries -------------------------------------------------------------------------
 
@@ -94,6 +102,8 @@ class Router:
             self.outbox.append(Reply(job.envelope, error_message(job.client_job_id, OVERLOADED,
                                                                  message), None, job.model))
             return False
+        self.waits.setdefault(job.model, BatchWait()).arrived(job_rows(job), jobs,
+                                                             job.received_at)
         queue = self.queues.setdefault(job.model, deque())
         queue.append(job)
         self.expiries.add(job, queue)
@@ -109,7 +119,15 @@ class Router:
         queue = self.queues.get(model)
         if not queue:
             return 0
+        ready = list(ready)
         idle = sorted((jobs, wid) for wid, jobs in ready if wid not in self.held)
+        if not idle:
+            return 0
+        if policy.adaptive:
+            decision = self.waits.setdefault(model, BatchWait()).decide(
+                len(ready), policy.max_batch_size, now)
+            self.wait_decisions[model] = decision
+            policy = replace(policy, timeout=decision.seconds)
         sent = 0
         for _, worker_id in idle:
             batch = take_batch(queue, policy, now)
@@ -127,8 +145,25 @@ class Router:
             sizes[key] = sizes.get(key, 0) + 1
             pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
             self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now, rows))
+            self.sent[worker_id] = (model, rows, now)
             sent += len(batch)
+        if len(self.sent) > len(self.held) + 64:  # batches of workers gone unanswered
+            self.sent = {w: s for w, s in self.sent.items() if w in self.held}
         return sent
+
+    def batch_done(self, worker_id: str, now: float) -> None:
+        """A worker answered its batch: its time from dispatch counts in the model's costs."""
+        sent = self.sent.pop(worker_id, None)
+        if sent is not None:
+            model, rows, at = sent
+            self.waits.setdefault(model, BatchWait()).called(rows, now - at)
+
+    def batch_policy(self, model: str, policy: BatchPolicy) -> BatchPolicy:
+        """``policy`` with the wait in force: an adaptive one's last decision."""
+        if not policy.adaptive:
+            return policy
+        decision = self.wait_decisions.get(model)
+        return replace(policy, timeout=decision.seconds if decision else 0.0)
 
     def holds(self, worker_id: str, job: Job) -> bool:
         """Whether ``job`` is still in that worker's hands (not requeued, not answered)."""

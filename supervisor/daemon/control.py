@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.config.keys import BatchingConfig
 from supervisor.core.core import Core
 from supervisor.core.diagnosis import growth_split, trends
 from supervisor.core.policy import byte_limits, over_limits
@@ -158,7 +159,7 @@ class Controller:
                 # live workers run code that differs from what is on disk: reload rolls them
                 "code_changed_on_disk": any(w["code_current"] is False for w in workers),
                 "inputs": _wire(state.inputs),
-                "batches": self._batches(name, state.config.batching.max_batch_size),
+                "batches": self._batches(name, state.config.batching),
             }
         return {"serving": self.serving(), "ready": self.ready(),
                 "stopping": self.core.shutdown_started is not None, "models": models,
@@ -168,10 +169,18 @@ class Controller:
                 "config": _config_file(self.core.config.path),
                 "supervisor": self.resources()}
 
-    def _batches(self, model: str, max_batch_size: int) -> dict[str, Any]:
-        count, rows = self.core.router.batches.get(model, (0, 0))
-        return {"max_batch_size": max_batch_size, "sent": count,
-                "mean_rows": round(rows / count, 2) if count else None}
+    def _batches(self, model: str, batching: BatchingConfig) -> dict[str, Any]:
+        router = self.core.router
+        count, rows = router.batches.get(model, (0, 0))
+        if batching.batch_timeout_ms is not None:
+            wait = {"mode": "fixed", "ms": batching.batch_timeout_ms,
+                    "why": "batch_timeout_ms is set"}
+        else:
+            decision = router.wait_decisions.get(model)
+            wait = {"mode": "adaptive", "ms": round(decision.seconds * 1e3, 3) if decision
+                    else 0.0, "why": decision.reason if decision else "no batch sent yet"}
+        return {"max_batch_size": batching.max_batch_size, "sent": count,
+                "mean_rows": round(rows / count, 2) if count else None, "wait": wait}
 
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()
