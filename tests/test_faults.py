@@ -18,6 +18,7 @@ import yaml
 import zmq
 
 from supervisor.client import Client, DeadlineExceeded, JobError, JobTimeout, WorkerCrashed
+from supervisor.core.lifecycle import EXTERNAL_KILL_NOTE
 from supervisor.shared.protocol import INFER, Message, decode, encode, pack_arrays
 from tests.conftest import Supervisor
 
@@ -83,7 +84,7 @@ def test_poison_job_fails_after_max_attempts_and_pool_stays_healthy(
         assert "poison" in err.value.message and "2 worker(s)" in err.value.message
         sup.wait_ready(30)
         assert client.infer("m", job(5.0))["x"][0, 0] == 5.0
-    assert sup.log().count("possible OOM kill") == 2  # the log flags unexplained SIGKILLs
+    assert sup.log().count(EXTERNAL_KILL_NOTE) == 2  # the log flags unexplained SIGKILLs
 
 
 def test_job_timeout_kills_the_worker_and_answers_timeout(supervisor_factory: Any) -> None:

@@ -28,6 +28,7 @@ from supervisor.client import (
     Unavailable,
     UnknownModel,
 )
+from supervisor.core.lifecycle import EXTERNAL_KILL_NOTE
 from supervisor.shared.protocol import INFER, MODELS, VERSION, Message, decode, encode, pack_arrays
 from tests.conftest import Supervisor, echo_model, start_supervisor
 
@@ -356,7 +357,7 @@ def test_killed_worker_is_replaced_and_its_job_answered(supervisor_factory: Any)
     status = sup.wait_ready()
     new_pids = {w["pid"] for w in status["models"]["echo"]["workers"]}
     assert victim["pid"] not in new_pids and len(new_pids) == 2 and new_pids != pids
-    assert "possible OOM kill" in sup.log()
+    assert EXTERNAL_KILL_NOTE in sup.log()
 
 
 def test_model_that_cannot_load_is_unavailable_with_backoff(supervisor_factory: Any) -> None:

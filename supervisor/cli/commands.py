@@ -154,6 +154,8 @@ def _ask(endpoint: str, command: str, args: argparse.Namespace, **fields: Any) -
             served = _served(endpoint, args)
             message = no_such_model(model, served) if served is not None else exc.message
             raise CommandFailed(CliExit.REFUSED, message) from None
+        if "has no live worker" in exc.message:  # a worker id that was given: unusable
+            raise CommandFailed(CliExit.REFUSED, exc.message) from None
         raise CommandFailed(CliExit.FAILED, exc.message) from None
 
 
@@ -252,8 +254,10 @@ def cmd_infer(args: argparse.Namespace) -> int:
                 raise CommandFailed(CliExit.REFUSED, no_such_model(args.model, served))
             if args.random:
                 problem = _no_random_inputs(args.model, served[args.model])
-                if problem is not None:
-                    raise CommandFailed(CliExit.FAILED, problem)
+                if problem is not None:  # none declared: give them; none known yet: wait
+                    declared_none = bool(served[args.model].get("ready_workers"))
+                    raise CommandFailed(CliExit.REFUSED if declared_none else CliExit.FAILED,
+                                        problem)
                 specs = served[args.model]["inputs"]
                 inputs = {**{s["name"]: _random_input(s, args.batch) for s in specs}, **inputs}
             outputs = client.infer(args.model, inputs)
