@@ -93,6 +93,68 @@ def test_a_closed_log_pipe_neither_stops_the_daemon_nor_ends_it_as_a_success() -
         sup.stop()
 
 
+def events(path: Path) -> list[dict[str, Any]]:
+    """The whole lines of a JSON log; a line cut short by a failed write is not one."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
+
+
+LEAK = {"handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+        "options": {"bytes_per_job": 16 << 20},
+        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "max_attempts": 3}}
+
+
+def test_a_log_reader_that_stops_reading_never_freezes_the_daemon() -> None:
+    """stdout piped to a `cat` that is then stopped (SIGSTOP): the pipe fills, and a blocking
+    write used to freeze the main loop (no job answered, no memory poll, no kill). Now each
+    line that does not fit is dropped (EAGAIN), the daemon serves on, and once the reader
+    goes on the count of lines lost comes first."""
+    import fcntl
+
+    workdir = short_tmpdir()
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)  # the smallest pipe: full after a few lines
+    log_path = workdir / "supervisor.log"
+    with open(log_path, "wb") as log:
+        cat = subprocess.Popen(["cat"], stdin=reader, stdout=log)
+    os.close(reader)
+    sup = start({"models": {**CONFIG["models"], "leak": LEAK}}, writer, workdir)
+    os.close(writer)
+    try:
+        sup.wait_ready()
+        cat.send_signal(signal.SIGSTOP)
+        with Client(sup.endpoint, timeout=10) as client:  # a frozen loop fails within 10 s
+            for i in range(30):  # 16 MiB a job: killed over kill_memory on the way
+                x = np.full((1, 4), float(i), np.float32)
+                assert client.infer("leak", {"x": x})["x"][0, 0] == float(i)
+                assert client.infer("m", {"x": x})["x"][0, 0] == float(i)
+        recycled(sup)  # its lines, and the kill's, fill the pipe
+        answered(sup, 20)
+        own = dropped(sup)
+        assert own["log_lines_dropped"] > 0 and "temporarily unavailable" in own["log_error"], own
+        recycles = sup.status()["models"]["leak"]["recycles"]
+        assert recycles.get("kill_memory", 0) >= 1, recycles
+        cat.send_signal(signal.SIGCONT)
+        lost = own["log_lines_dropped"]
+
+        def told(_: dict[str, Any]) -> bool:
+            recycled(sup)  # lines to write once the reader has emptied the pipe
+            return any(e["event"] == "log_lines_dropped" and e["count"] > 0
+                       for e in events(log_path))
+
+        sup.wait_for(told, 60, "the lines lost told once the reader goes on")
+        assert dropped(sup)["log_lines_dropped"] >= lost
+        assert stopped(sup) == 0
+    finally:
+        cat.send_signal(signal.SIGCONT)
+        sup.stop()
+        cat.wait(30)
+
+
 @contextlib.contextmanager
 def tmpfs(size: str) -> Iterator[Path]:
     """A tiny file system of its own, unmounted whatever happens."""
@@ -198,11 +260,8 @@ def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport:
     workdir = short_tmpdir()
     endpoint = f"ipc://{workdir}/run/frontend.sock" if transport == "ipc" else \
         f"tcp://127.0.0.1:{free_port()}"
-    config = {"supervisor": {"endpoints": [endpoint]}, "models": {**CONFIG["models"], "leak": {
-        "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
-        "options": {"bytes_per_job": 16 << 20},
-        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
-                   "max_growth_per_hour": None, "max_attempts": 3}}}}
+    config = {"supervisor": {"endpoints": [endpoint]},
+              "models": {**CONFIG["models"], "leak": LEAK}}
     with open(workdir / "supervisor.log", "wb") as log:
         sup = start(config, log, workdir, ("prlimit", "--nofile=512:1024"))
     try:
