@@ -334,3 +334,79 @@ def test_a_failure_on_every_turn_is_logged_once_then_counted() -> None:
     assert [e["event"] for e in logged] == ["housekeeping_failed"] * 2
     assert "exc_info" in logged[0] and "exc_info" not in logged[1]
     assert logged[1]["repeated"] == 100 and "Too many open files" in logged[1]["error"]
+
+
+def connect_as_nobody(paths: list[Path]) -> list[str]:
+    """What a local client of another user (nobody, in the socket group nogroup) gets when
+    it connects to each of ``paths``: a forked child that gives up root first."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only system calls, then _exit
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            results = []
+            for path in paths:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    try:
+                        sock.connect(str(path))
+                        results.append("connected")
+                    except OSError as exc:
+                        results.append(type(exc).__name__)
+            os.write(writer, json.dumps(results).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with open(reader, "rb") as got:
+        answer = got.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(answer))
+
+
+def test_a_paused_ipc_socket_is_out_of_every_other_clients_reach() -> None:
+    """The pause moved frontend.sock to frontend.sock.paused, still listening and as open
+    to the socket group as before: clients that connected there were not counted, and 600
+    of them under nofile=300 hit libzmq's abort (exit 134). Now it goes into a 0700
+    directory of the daemon's own; leftovers of a daemon killed while paused are removed."""
+    assert os.geteuid() == 0, "connects as another user: run as root (CI does)"
+    workdir = short_tmpdir()
+    os.chmod(workdir, 0o755)
+    runtime = workdir / "run"
+    (runtime / ".tfs-paused").mkdir(parents=True)
+    leftovers = [runtime / "frontend.sock.paused", runtime / ".tfs-paused" / "frontend.sock"]
+    for leftover in leftovers:
+        leftover.touch()
+    endpoint = f"ipc://{runtime}/frontend.sock"
+    config = {"supervisor": {"endpoints": [endpoint], "socket_group": "nogroup"},
+              "models": CONFIG["models"]}
+    with open(workdir / "supervisor.log", "wb") as log:
+        sup = start(config, log, workdir, ("prlimit", "--nofile=300:300"))
+    try:
+        sup.wait_ready()
+        assert not any(p.exists() for p in leftovers), leftovers
+        assert connect_as_nobody([runtime / "frontend.sock"]) == ["connected"]  # it can
+        context, sockets = flood(endpoint, 400)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # admin: never paused (control may be)
+                assert sup.process.poll() is None, sup.log()[-3000:]
+                own = control(sup.admin_endpoint, "status", timeout=10)["supervisor"]
+                if endpoint in own["descriptors"]["paused"]:
+                    break
+                time.sleep(0.1)
+            assert endpoint in own["descriptors"]["paused"], own
+            aside = [p for p in runtime.rglob("frontend.sock*") if p.is_socket()]
+            assert aside and runtime / "frontend.sock" not in aside, aside
+            tried = [*aside, runtime / "frontend.sock", runtime / "frontend.sock.paused"]
+            assert "connected" not in connect_as_nobody(tried), tried
+        finally:
+            for sock in sockets:
+                sock.close(0)
+            context.term()
+        answered(sup, 5, endpoint)  # taken again once the flood has gone
+        assert sup.process.poll() is None
+        assert stopped(sup) == 0
+        assert not (runtime / ".tfs-paused").exists()  # removed at exit
+    finally:
+        sup.stop()

@@ -151,8 +151,10 @@ class Daemon:
             sock.setsockopt(zmq.BACKLOG, BACKLOG)  # descriptors run short (descriptors.py)
             self.gate.watch(sock)
         for endpoint in sup.endpoints:
-            self.gate.pausable(endpoint)
-        self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
+            with startup.step(f"endpoint {endpoint}", runtime_dir=True):
+                self.gate.pausable(endpoint)
+        with startup.step(f"endpoint {sup.control}", runtime_dir=True):
+            self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
             self._curve(sup)
         for endpoint in sup.endpoints:
