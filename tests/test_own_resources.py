@@ -229,6 +229,23 @@ def test_a_log_line_is_written_once_and_never_retried(tmp_path: Path) -> None:
     assert events == ["log_lines_dropped", "y"] and sink.untold == 0 and sink.dropped == 3
 
 
+def test_a_log_socket_nobody_reads_drops_lines_and_stays_blocking_for_others() -> None:
+    """journald's stream socket, full: the line is dropped (EAGAIN), never waited for, and
+    the descriptor (shared with other processes) keeps its blocking mode."""
+    from supervisor.shared.logs import Sink
+
+    ours, journald = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    with journald, open(ours.detach(), "w") as stream:
+        sink = Sink(stream)
+        sink.render = lambda _, __, event: json.dumps(event)
+        for _ in range(2000):  # far more than the socket buffers hold
+            sink.write('{"event": "x", "pad": "' + "p" * 200 + '"}')
+        assert sink.dropped > 0 and sink.last_error is not None, sink.last_error
+        assert "temporarily unavailable" in sink.last_error
+        assert os.get_blocking(stream.fileno())  # others' view of it unchanged
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -111,7 +111,11 @@ def _search_path(model: ModelConfig, config_dir: Path | None) -> list[Path]:
     supervisor's), then the interpreter's own path (this one's, less its script's entry)."""
     pythonpath = model.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     own = [Path(p) for p in sys.path[1:] if p]  # [0]: the supervisor's script or cwd
-    return [Path.cwd(), *([config_dir] if config_dir else []),
+    try:
+        cwd = [Path.cwd()]
+    except OSError:  # removed under the running daemon: the worker's import skips it too
+        cwd = []
+    return [*cwd, *([config_dir] if config_dir else []),
             *(Path(p) for p in pythonpath.split(os.pathsep) if p), *own]
 
 
