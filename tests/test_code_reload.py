@@ -177,3 +177,28 @@ def test_the_handler_is_looked_for_where_the_worker_imports_from_first(
     (cwd / "cwd_handler_mod.py").write_text("def make(o): return 2\n")
     assert fingerprint(config.models["m"], config_dir) != before
     assert fingerprint(config.models["gone"], config_dir) is None
+
+
+def test_a_walk_cut_by_a_bound_is_said_in_status(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory an option names that is larger than the walk's bounds: only part of it is
+    compared, and `status` says which (a change past the bound is not seen)."""
+    from supervisor.cli.render import _supervisor_notes
+    from supervisor.config import fingerprint as module
+
+    monkeypatch.setattr(module, "MOST_FILES", 3)
+    (tmp_path / "handler_mod.py").write_text("def make(o): ...\n")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(5):
+        (shards / f"{i}.bin").write_bytes(b"x")
+    (tmp_path / "config.yaml").write_text(
+        "models:\n  m:\n    handler: handler_mod:make\n    options: {shards: ./shards}\n")
+    fingerprint(load_config(tmp_path / "config.yaml").models["m"], tmp_path)
+    assert str(tmp_path / "./shards") in module.bounded()
+    notes = _supervisor_notes({"code_bounded": module.bounded()})
+    assert any("only part of" in n and "shards" in n for n in notes), notes
+    unknown = {"recycles": {}, "available": True, "queued": 0, "in_flight": 0,
+               "memory_metric": "rss", "workers": [], "code_unknown": True}
+    from supervisor.cli.render import _model_note
+    assert "CODE ON DISK UNKNOWN" in _model_note("m", unknown)

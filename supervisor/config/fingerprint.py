@@ -161,6 +161,11 @@ def _add(digest: hashlib._Hash, root: Path, progress: Progress | None) -> None:
                     hint="only part of it is compared: a change past the bound is not seen")
 
 
+def bounded() -> list[str]:
+    """The sources whose walk hit a bound (for `status`): only part of each is compared."""
+    return sorted(_warned)
+
+
 def _read(path: Path) -> bytes:
     """At most READ_UP_TO + 1 bytes of a regular file, opened so that it cannot block (a
     file replaced by a FIFO since it was stat'ed is checked again once open)."""
