@@ -123,10 +123,17 @@ def test_a_log_reader_that_stops_reading_never_freezes_the_daemon() -> None:
         cat = subprocess.Popen(["cat"], stdin=reader, stdout=log)
     os.close(reader)
     sup = start({"models": {**CONFIG["models"], "leak": LEAK}}, writer, workdir)
-    os.close(writer)
     try:
         sup.wait_ready()
         cat.send_signal(signal.SIGSTOP)
+        # The pipe full now, whatever the daemon logs next: filled through a descriptor of
+        # the test's own (O_NONBLOCK on the daemon's would hide the bug).
+        filler = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(filler, b"\n")
+        os.close(filler)
+        os.close(writer)
         with Client(sup.endpoint, timeout=10) as client:  # a frozen loop fails within 10 s
             for i in range(30):  # 16 MiB a job: killed over kill_memory on the way
                 x = np.full((1, 4), float(i), np.float32)
@@ -150,6 +157,8 @@ def test_a_log_reader_that_stops_reading_never_freezes_the_daemon() -> None:
         assert dropped(sup)["log_lines_dropped"] >= lost
         assert stopped(sup) == 0
     finally:
+        with contextlib.suppress(OSError):
+            os.close(writer)
         cat.send_signal(signal.SIGCONT)
         sup.stop()
         cat.wait(30)
