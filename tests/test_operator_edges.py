@@ -619,3 +619,23 @@ def test_a_removal_applies_while_the_config_read_hangs(keys: Path) -> None:
         hang.unlink()
     finally:
         sup.stop()
+
+
+def test_a_reload_hung_in_the_code_fingerprint_names_it_not_the_config() -> None:
+    """A handler's files on a hung mount: the reload's message blamed config.yaml; it names
+    the code fingerprint and the file it was reading."""
+    hang_fs = [sys.executable, str(Path(__file__).parent / "slow_fs.py")]
+    sup = start_supervisor({"models": {"m": echo_model(1)}}, wrapper=hang_fs)
+    hang = sup.config_path.parent / "HANG_CODE"
+    try:
+        sup.wait_ready()
+        hang.touch()
+        out = _cli("reload", "-c", str(sup.config_path), "--admin", sup.admin_endpoint,
+                   "--timeout", "60")
+        assert out.returncode == 1 and "the code fingerprint (reading " in out.stderr, out
+        assert "worker" in out.stderr.split("the code fingerprint (reading ", 1)[1], out
+        with sup.client(timeout=5) as client:
+            assert client.infer("m", X)["x"].shape == (1, 4)
+    finally:
+        hang.unlink(missing_ok=True)
+        sup.stop()

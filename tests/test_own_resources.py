@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from supervisor.client import Client, control
+from supervisor.client import Client, NoReply, control
 from supervisor.daemon.descriptors import RESERVE_BASE
 from supervisor.testing import Supervisor, short_tmpdir
 from tests.conftest import echo_model
@@ -91,6 +91,77 @@ def test_a_closed_log_pipe_neither_stops_the_daemon_nor_ends_it_as_a_success() -
         assert stopped(sup) == 0  # asked to stop, stopped after draining: the truth
     finally:
         sup.stop()
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    """The whole lines of a JSON log; a line cut short by a failed write is not one."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
+
+
+LEAK = {"handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
+        "options": {"bytes_per_job": 16 << 20},
+        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "max_attempts": 3}}
+
+
+def test_a_log_reader_that_stops_reading_never_freezes_the_daemon() -> None:
+    """stdout piped to a `cat` that is then stopped (SIGSTOP): the pipe fills, and a blocking
+    write used to freeze the main loop (no job answered, no memory poll, no kill). Now each
+    line that does not fit is dropped (EAGAIN), the daemon serves on, and once the reader
+    goes on the count of lines lost comes first."""
+    import fcntl
+
+    workdir = short_tmpdir()
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)  # the smallest pipe: full after a few lines
+    log_path = workdir / "supervisor.log"
+    with open(log_path, "wb") as log:
+        cat = subprocess.Popen(["cat"], stdin=reader, stdout=log)
+    os.close(reader)
+    sup = start({"models": {**CONFIG["models"], "leak": LEAK}}, writer, workdir)
+    try:
+        sup.wait_ready()
+        cat.send_signal(signal.SIGSTOP)
+        # The pipe full now, whatever the daemon logs next: filled through a descriptor of
+        # the test's own (O_NONBLOCK on the daemon's would hide the bug).
+        filler = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(filler, b"\n")
+        os.close(filler)
+        os.close(writer)
+        with Client(sup.endpoint, timeout=10) as client:  # a frozen loop fails within 10 s
+            for i in range(30):  # 16 MiB a job: killed over kill_memory on the way
+                x = np.full((1, 4), float(i), np.float32)
+                assert client.infer("leak", {"x": x})["x"][0, 0] == float(i)
+                assert client.infer("m", {"x": x})["x"][0, 0] == float(i)
+        recycled(sup)  # its lines, and the kill's, fill the pipe
+        answered(sup, 20)
+        own = dropped(sup)
+        assert own["log_lines_dropped"] > 0 and "temporarily unavailable" in own["log_error"], own
+        recycles = sup.status()["models"]["leak"]["recycles"]
+        assert recycles.get("kill_memory", 0) >= 1, recycles
+        cat.send_signal(signal.SIGCONT)
+        lost = own["log_lines_dropped"]
+
+        def told(_: dict[str, Any]) -> bool:
+            recycled(sup)  # lines to write once the reader has emptied the pipe
+            return any(e["event"] == "log_lines_dropped" and e["count"] > 0
+                       for e in events(log_path))
+
+        sup.wait_for(told, 60, "the lines lost told once the reader goes on")
+        assert dropped(sup)["log_lines_dropped"] >= lost
+        assert stopped(sup) == 0
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(writer)
+        cat.send_signal(signal.SIGCONT)
+        sup.stop()
+        cat.wait(30)
 
 
 @contextlib.contextmanager
@@ -167,6 +238,23 @@ def test_a_log_line_is_written_once_and_never_retried(tmp_path: Path) -> None:
     assert events == ["log_lines_dropped", "y"] and sink.untold == 0 and sink.dropped == 3
 
 
+def test_a_log_socket_nobody_reads_drops_lines_and_stays_blocking_for_others() -> None:
+    """journald's stream socket, full: the line is dropped (EAGAIN), never waited for, and
+    the descriptor (shared with other processes) keeps its blocking mode."""
+    from supervisor.shared.logs import Sink
+
+    ours, journald = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    with journald, open(ours.detach(), "w") as stream:
+        sink = Sink(stream)
+        sink.render = lambda _, __, event: json.dumps(event)
+        for _ in range(2000):  # far more than the socket buffers hold
+            sink.write('{"event": "x", "pad": "' + "p" * 200 + '"}')
+        assert sink.dropped > 0 and sink.last_error is not None, sink.last_error
+        assert "temporarily unavailable" in sink.last_error
+        assert os.get_blocking(stream.fileno())  # others' view of it unchanged
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -198,11 +286,8 @@ def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport:
     workdir = short_tmpdir()
     endpoint = f"ipc://{workdir}/run/frontend.sock" if transport == "ipc" else \
         f"tcp://127.0.0.1:{free_port()}"
-    config = {"supervisor": {"endpoints": [endpoint]}, "models": {**CONFIG["models"], "leak": {
-        "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
-        "options": {"bytes_per_job": 16 << 20},
-        "policy": {"kill_memory": "200MiB", "max_growth_per_1k_jobs": None,
-                   "max_growth_per_hour": None, "max_attempts": 3}}}}
+    config = {"supervisor": {"endpoints": [endpoint]},
+              "models": {**CONFIG["models"], "leak": LEAK}}
     with open(workdir / "supervisor.log", "wb") as log:
         sup = start(config, log, workdir, ("prlimit", "--nofile=512:1024"))
     try:
@@ -275,3 +360,81 @@ def test_a_failure_on_every_turn_is_logged_once_then_counted() -> None:
     assert [e["event"] for e in logged] == ["housekeeping_failed"] * 2
     assert "exc_info" in logged[0] and "exc_info" not in logged[1]
     assert logged[1]["repeated"] == 100 and "Too many open files" in logged[1]["error"]
+
+
+def connect_as_nobody(paths: list[Path]) -> list[str]:
+    """What a local client of another user (nobody, in the socket group nogroup) gets when
+    it connects to each of ``paths``: a forked child that gives up root first."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only system calls, then _exit
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            results = []
+            for path in paths:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    try:
+                        sock.connect(str(path))
+                        results.append("connected")
+                    except OSError as exc:
+                        results.append(type(exc).__name__)
+            os.write(writer, json.dumps(results).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with open(reader, "rb") as got:
+        answer = got.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(answer))
+
+
+def test_a_paused_ipc_socket_is_out_of_every_other_clients_reach() -> None:
+    """The pause moved frontend.sock to frontend.sock.paused, still listening and as open
+    to the socket group as before: clients that connected there were not counted, and 600
+    of them under nofile=300 hit libzmq's abort (exit 134). Now it goes into a 0700
+    directory of the daemon's own; leftovers of a daemon killed while paused are removed."""
+    assert os.geteuid() == 0, "connects as another user: run as root (CI does)"
+    workdir = short_tmpdir()
+    os.chmod(workdir, 0o755)
+    runtime = workdir / "run"
+    (runtime / ".tfs-paused").mkdir(parents=True)
+    leftovers = [runtime / "frontend.sock.paused", runtime / ".tfs-paused" / "frontend.sock"]
+    for leftover in leftovers:
+        leftover.touch()
+    endpoint = f"ipc://{runtime}/frontend.sock"
+    config = {"supervisor": {"endpoints": [endpoint], "socket_group": "nogroup"},
+              "models": CONFIG["models"]}
+    with open(workdir / "supervisor.log", "wb") as log:
+        sup = start(config, log, workdir, ("prlimit", "--nofile=300:300"))
+    try:
+        sup.wait_ready()
+        assert not any(p.exists() for p in leftovers), leftovers
+        assert connect_as_nobody([runtime / "frontend.sock"]) == ["connected"]  # it can
+        context, sockets = flood(endpoint, 400)
+        try:
+            deadline = time.monotonic() + 60
+            own: dict[str, Any] = {"descriptors": {"paused": []}}
+            while time.monotonic() < deadline:  # admin: never paused (control may be)
+                assert sup.process.poll() is None, sup.log()[-3000:]
+                with contextlib.suppress(NoReply):  # a loaded host: 400 handshakes first
+                    own = control(sup.admin_endpoint, "status", timeout=10)["supervisor"]
+                if endpoint in own["descriptors"]["paused"]:
+                    break
+                time.sleep(0.1)
+            assert endpoint in own["descriptors"]["paused"], own
+            aside = [p for p in runtime.rglob("frontend.sock*") if p.is_socket()]
+            assert aside and runtime / "frontend.sock" not in aside, aside
+            tried = [*aside, runtime / "frontend.sock", runtime / "frontend.sock.paused"]
+            assert "connected" not in connect_as_nobody(tried), tried
+        finally:
+            for sock in sockets:
+                sock.close(0)
+            context.term()
+        answered(sup, 5, endpoint)  # taken again once the flood has gone
+        assert sup.process.poll() is None
+        assert stopped(sup) == 0
+        assert not (runtime / ".tfs-paused").exists()  # removed at exit
+    finally:
+        sup.stop()

@@ -51,6 +51,10 @@ def _supervisor_notes(own: dict[str, Any] | None) -> list[str]:
     if own.get("log_lines_dropped"):
         notes.append(f"supervisor: {own['log_lines_dropped']} LOG LINE(S) DROPPED, its log "
                      f"output fails ({own.get('log_error')}); it serves on")
+    if own.get("code_bounded"):
+        notes.append("supervisor: code fingerprints cover only part of "
+                     f"{', '.join(own['code_bounded'])} (too many files, too deep or too "
+                     "large): a change past the bound is not seen")
     fds = own.get("descriptors") or {}
     if fds.get("paused"):
         notes.append(f"supervisor: NEW CONNECTIONS PAUSED on {', '.join(fds['paused'])}: "
@@ -117,6 +121,8 @@ def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str
     elif unexpected and unexpected["cause"] == ExitCause.OOM_KILLED:
         unexpected_text += ": the kernel's OOM killer, at the container's memory limit " \
                            "(see the memory budget line; docs/deployment.md)"
+    unknown_text = "; CODE ON DISK UNKNOWN (its handler module is not found where the worker " \
+                   "imports from, or its files did not answer)" if model.get("code_unknown") else ""
     batches = model.get("batches") or {}
     batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
                  f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
@@ -126,7 +132,7 @@ def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str
     return (f"{name}: {state}; queued {model['queued']}, in flight {model['in_flight']}"
             f"{batch_text}; {model['memory_metric']} limit "
             f"{format_size(model.get('max_memory'))}; recycles: {recycles}{last_text}"
-            f"{held_text}{over_text}{paused_text}{exits_text}{unexpected_text}")
+            f"{held_text}{over_text}{paused_text}{exits_text}{unexpected_text}{unknown_text}")
 
 
 def _signed(value: float | None) -> str:

@@ -447,7 +447,7 @@ class Core:
                 and not self.router.pending())
 
     def reload(self, new: Config, now: float,
-               code: Mapping[str, str] | None = None) -> reloading.ReloadPlan:
+               code: Mapping[str, str | None] | None = None) -> reloading.ReloadPlan:
         """Apply a validated config in place (the daemon read and validated the file);
         ``code``: each model's code fingerprint on disk, read with it."""
         changes = reloading.plan(self.config, new)

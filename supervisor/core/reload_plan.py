@@ -66,11 +66,12 @@ def plan(old: Config, new: Config) -> ReloadPlan:
 
 
 def code_changed(changes: ReloadPlan, running: Mapping[str, str | None],
-                 on_disk: Mapping[str, str]) -> list[str]:
+                 on_disk: Mapping[str, str | None]) -> list[str]:
     """Models kept with their settings whose code on disk is not what their workers were
-    started from (a fingerprint unknown before, say a read that timed out, is no change)."""
+    started from (a fingerprint unknown before or now, say a read that timed out or a
+    handler module not found, is no change: `status` says unknown)."""
     renewed = {*changes.added, *changes.replaced, *changes.removed}
-    return [name for name, code in on_disk.items() if name not in renewed
+    return [name for name, code in on_disk.items() if name not in renewed and code is not None
             and running.get(name) is not None and running.get(name) != code]
 
 

@@ -9,21 +9,25 @@ stacked upon: no new check starts until it does, and `status` keeps the last res
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from supervisor.config.fingerprint import fingerprint
+from supervisor.config.fingerprint import Progress, fingerprint
 from supervisor.config.keys import Config
 
 # How often the code on disk is fingerprinted again (seconds): stat calls, and a read of
 # the small files (handler modules), for each model.
 CHECK = 10.0
 
-Prints = dict[str, str]
+Prints = dict[str, str | None]  # None: not known (a handler module not found)
 
 
-def fingerprints(config: Config) -> Prints:
-    """Every model's, now (blocks on the files: off the loop)."""
+def fingerprints(config: Config, progress: Progress | None = None) -> Prints:
+    """Every model's, now (blocks on the files: off the loop); ``progress`` is told each
+    file before it is looked at (what a reload that timed out names)."""
     base = config.path.parent.resolve() if config.path is not None else None
-    return {name: fingerprint(model, base) for name, model in config.models.items()}
+    runtime = Path(config.runtime_dir)
+    return {name: fingerprint(model, base, runtime, progress)
+            for name, model in config.models.items()}
 
 
 def fingerprints_within(config: Config, timeout: float) -> Prints | None:

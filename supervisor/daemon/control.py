@@ -158,6 +158,8 @@ class Controller:
                 "last_error": state.last_error,
                 # live workers run code that differs from what is on disk: reload rolls them
                 "code_changed_on_disk": any(w["code_current"] is False for w in workers),
+                # what its code on disk is, not known: never taken for current
+                "code_unknown": state.code_on_disk is None,
                 "inputs": _wire(state.inputs),
                 "batches": self._batches(name, state.config.batching),
             }

@@ -151,8 +151,10 @@ class Daemon:
             sock.setsockopt(zmq.BACKLOG, BACKLOG)  # descriptors run short (descriptors.py)
             self.gate.watch(sock)
         for endpoint in sup.endpoints:
-            self.gate.pausable(endpoint)
-        self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
+            with startup.step(f"endpoint {endpoint}", runtime_dir=True):
+                self.gate.pausable(endpoint)
+        with startup.step(f"endpoint {sup.control}", runtime_dir=True):
+            self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
             self._curve(sup)
         for endpoint in sup.endpoints:
@@ -567,10 +569,12 @@ class Daemon:
         read = outcome.read
         note = self._install_keys(read)  # read before the config, even if that then hung
         if outcome.timed_out:
-            error = (f"reading {read.path} took longer than {self.reloader.timeout:g}s (a "
-                     "file system that does not answer, a hung mount, or a file too large to "
-                     "parse); the config was not changed" + _keys_told(outcome))
-            log.error("config_rejected", path=str(read.path), errors=[error])
+            what = f"reading {read.path}" if read.reading is None else \
+                f"the code fingerprint (reading {read.reading}, named by the config)"
+            error = (f"{what} took longer than {self.reloader.timeout:g}s (a file system "
+                     "that does not answer, a hung mount, a file that never ends, or a file "
+                     "too large to parse); the config was not changed" + _keys_told(outcome))
+            log.error("config_rejected", path=read.reading or str(read.path), errors=[error])
             return {"ok": False, "error": f"config rejected, running config kept: {error}"}
         if read.error is not None or read.config is None:
             messages = [str(e) for e in read.error.errors] \

@@ -11,8 +11,11 @@ counts connections as libzmq reports them (socket monitor events) and, before th
 descriptors reach the limit less a reserve, makes its client listeners stop taking new
 connections while the ones already open serve on:
 
-- ipc: the socket file is moved aside, so new clients find no file and retry (ZeroMQ
-  clients reconnect on their own); it is moved back once connections have closed;
+- ipc: the socket file is moved aside into a private directory (0700, beside it: a rename
+  within one file system), so new clients find no file and retry (ZeroMQ clients reconnect
+  on their own), and none can reach it where it went (a socket left beside its old name
+  still listened: connections to it, not counted, reached libzmq's abort); it is moved back
+  once connections have closed;
 - tcp: a socket filter that drops every packet is attached to the listening socket, so new
   handshakes do not complete and clients retry; it is detached afterwards.
 
@@ -27,6 +30,7 @@ import ctypes
 import os
 import resource
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +58,8 @@ BACKLOG = 100  # libzmq's listen backlog: accepted even after a listener stops t
 RECOUNT = 1.0
 
 SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27  # <asm-generic/socket.h>
+# Where a paused ipc socket file goes: a directory of the daemon's own (0700) beside it.
+ASIDE_DIR = ".tfs-paused"
 
 
 class _SockFilter(ctypes.Structure):
@@ -117,10 +123,28 @@ class _Listener:
 
     @property
     def aside(self) -> Path | None:
-        return None if self.path is None else self.path.with_name(self.path.name + ".paused")
+        return None if self.path is None else self.path.parent / ASIDE_DIR / self.path.name
+
+    def prepare(self) -> None:
+        """The private directory made (or checked: ours, a directory, 0700) and whatever a
+        daemon killed while paused left removed, the name earlier versions used included."""
+        if self.path is None or self.aside is None:
+            return
+        self.path.with_name(self.path.name + ".paused").unlink(missing_ok=True)
+        _private_dir(self.aside.parent)
+        self.aside.unlink(missing_ok=True)
+
+    def forget(self) -> None:
+        """At exit: nothing left aside, the private directory gone once empty."""
+        if self.path is None or self.aside is None:
+            return
+        self.aside.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another daemon's socket still in it
+            self.aside.parent.rmdir()
 
     def pause(self) -> None:
         if self.path is not None and self.aside is not None:
+            _private_dir(self.aside.parent)  # removed while the daemon ran: made again
             os.rename(self.path, self.aside)
         elif self.fd is not None:
             with _borrowed(self.fd) as sock:
@@ -133,6 +157,18 @@ class _Listener:
         elif self.fd is not None:
             with _borrowed(self.fd) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+
+
+def _private_dir(path: Path) -> None:
+    """``path`` a directory only this user can enter, or OSError: never one someone else
+    made (or a link to one), where another user could reach the socket put in it."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is not a directory of this user's: a paused socket "
+                              "cannot go there")
+    os.chmod(path, 0o700)
 
 
 @contextlib.contextmanager
@@ -178,9 +214,7 @@ class Gate:
         the reserve: the frontend's at all of it, the control endpoint's (probes,
         operators) later, so that a flood of jobs' connections does not fail the probes."""
         self.listeners[endpoint] = _Listener(endpoint, share)
-        aside = self.listeners[endpoint].aside
-        if aside is not None:  # left by a daemon killed while paused
-            aside.unlink(missing_ok=True)
+        self.listeners[endpoint].prepare()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="descriptor-gate", daemon=True)
@@ -198,6 +232,8 @@ class Gate:
         for listener in self.listeners.values():
             if not listener.open:
                 self._resume(listener)
+            with contextlib.suppress(OSError):
+                listener.forget()
         for monitor in self.monitors:
             monitor.close(0)
         self._stop.close(0)

@@ -39,7 +39,8 @@ class Read:
     # (keys, problems), set at once when read: applied even if the config read then hangs
     keys: tuple[dict[str, dict[bytes, bool]], list[str]] | None = None
     config: Config | None = None
-    code: dict[str, str] | None = None  # each model's code fingerprint, read with it
+    code: dict[str, str | None] | None = None  # each model's code fingerprint, read with it
+    reading: str | None = None  # the code file being fingerprinted (None: the config file)
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -50,12 +51,15 @@ class Read:
                 self.keys = security.reread_clients(self.curve)
             if self.path is not None:
                 self.config = load_config(self.path)
-                self.code = fingerprints(self.config)
+                self.code = fingerprints(self.config, self._reading)
         except BaseException as exc:  # reported by the loop, never raised in this thread
             self.error = exc
         finally:
             self.done.set()
             wake()
+
+    def _reading(self, path: Path) -> None:
+        self.reading = str(path)
 
 
 @dataclass

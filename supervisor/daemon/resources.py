@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from supervisor.config import fingerprint
 from supervisor.daemon.descriptors import Gate
 from supervisor.shared import logs
 
@@ -22,7 +23,8 @@ class Resources(Collector):
     def facts(self) -> dict[str, Any]:
         sink = logs.sink()
         return {"log_lines_dropped": sink.dropped, "log_error": sink.last_error,
-                "descriptors": self.gate.facts()}
+                "descriptors": self.gate.facts(),
+                "code_bounded": fingerprint.bounded()}
 
     def collect(self) -> Iterable[Metric]:
         dropped = CounterMetricFamily(
