@@ -84,14 +84,17 @@ def oom_kills(cgroup: Path) -> int:
     raise AssertionError("the kernel keeps no oom_kill counter (4.13 and later do)")
 
 
-def events(sup: Supervisor, name: str) -> list[dict[str, Any]]:
+def logged(sup: Supervisor) -> list[dict[str, Any]]:
+    """The daemon's JSON log events (a line that is not JSON is passed over)."""
     found = []
     for line in sup.log().splitlines():
         with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
+            found.append(json.loads(line))
     return found
+
+
+def events(sup: Supervisor, name: str) -> list[dict[str, Any]]:
+    return [e for e in logged(sup) if e.get("event") == name]
 
 
 @pytest.fixture
@@ -113,13 +116,7 @@ def start(started: list[Supervisor], cgroup: Path, config: dict[str, Any]) -> Su
 
 def oom_exits(sup: Supervisor) -> list[dict[str, Any]]:
     """Exit events of workers named oom_killed, whatever the event (died, boot failed)."""
-    found = []
-    for line in sup.log().splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if event.get("cause") == "oom_killed":
-                found.append(event)
-    return found
+    return [e for e in logged(sup) if e.get("cause") == "oom_killed"]
 
 
 def drained_first(sup: Supervisor) -> list[dict[str, Any]]:
