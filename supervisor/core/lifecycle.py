@@ -174,6 +174,10 @@ class Lifecycle:
                 state.told_unavailable = True
         elif not asked:  # even with status 0: nobody asked it to go
             log.warning("worker_died", **fields)
+        elif cause in (ExitCause.KILLED_EXTERNALLY, ExitCause.OOM_KILLED):
+            # On its way out (drained under memory pressure, say), but killed before it got
+            # there by someone else: that death is the news, not the recycle.
+            log.warning("worker_died", **fields, reason=str(worker.reason))
         else:
             log.info("worker_exited", **fields, reason=str(worker.reason))
 
