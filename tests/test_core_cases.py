@@ -802,7 +802,7 @@ def _serve(world: World, seconds: float, clients: int, gap: float) -> float:
     0.5 ms + 0.05 ms per row in its worker (the MLP's shape: calls cost more than rows).
     Returns the mean rows per batch sent meanwhile."""
     done_at: dict[str, float] = {}
-    sent_before = world.core.router.batches.get("a", (0, 0))
+    sent_before = world.core.router.batches.get("a", (0, 0, 0))
     outstanding, next_send = 0, world.now
     end = world.now + seconds
     while world.now < end:
@@ -819,7 +819,7 @@ def _serve(world: World, seconds: float, clients: int, gap: float) -> float:
             outstanding += 1
             next_send = world.now + gap
         world.tick(0.0002)
-    count, rows = world.core.router.batches["a"]
+    count, rows, _ = world.core.router.batches["a"]
     return (rows - sent_before[1]) / (count - sent_before[0])
 
 

@@ -92,6 +92,10 @@ models:
     workers: 2
     batching:
       max_batch_size: 4
+    padding:
+      width:
+        inputs: {x: 1}
+        sizes: [2, 4, 8]
     policy:
       max_memory: MAX_MEMORY
       kill_memory: KILL_MEMORY
@@ -320,9 +324,20 @@ class CoreMachine(RuleBasedStateMachine):
         jobs = action.jobs
         if len(jobs) > 1:
             assert all(j.rows is not None for j in jobs), "a job without rows was batched"
-            shapes = {tuple((s["name"], s["dtype"], tuple(s["shape"][1:])) for s in j.inputs)
-                      for j in jobs}
+            # model a pads x's axis 1 up to 2, 4 or 8: jobs of shorter widths may ride in a
+            # batch, padded up, but only into the rows it is padded with
+            widths = [j.inputs[0]["shape"][1] for j in jobs if j.model == "a"]
+            shapes = {tuple((s["name"], s["dtype"], tuple(s["shape"][2 if widths else 1:]))
+                            for s in j.inputs) for j in jobs}
             assert len(shapes) == 1, f"jobs of different layouts batched: {shapes}"
+            if widths:
+                top = next(size for size in (2, 4, 8) if size >= widths[0])
+                own = sum(j.rows or 0 for j, w in zip(jobs, widths, strict=True)
+                          if next(size for size in (2, 4, 8) if size >= w) == top)
+                assert max(widths) <= top, f"a longer job rode in a batch of {top}: {widths}"
+                padded = next((size for size in (1, 2, 4) if size >= own), own)
+                assert sum(j.rows or 0 for j in jobs) <= padded, \
+                    f"riders past the rows a batch of {own} is padded with: {widths}"
         for job in jobs:
             self.sent_to[job.id] = self.sent_to.get(job.id, 0) + 1
             assert self.sent_to[job.id] <= MAX_ATTEMPTS[job.model], \

@@ -20,7 +20,7 @@ from supervisor.config.settings import ConfigErrors
 from supervisor.config.worker_spec import SpawnError, WorkerSpec, build_spec
 from supervisor.core.batching import take_batch
 from supervisor.core.jobs import Job
-from supervisor.shared.padding import PadDim, batch_key, cut, fits_dtype, lengths, pad
+from supervisor.shared.padding import PadDim, batch_key, batch_keys, cut, fits_dtype, lengths, pad
 from supervisor.shared.protocol import RESULT, ProtocolError, TensorSpec, pack_arrays, unpack_arrays
 from tests.test_batching import batch_message, replies_by_id
 from worker.batch import run_batch
@@ -176,18 +176,59 @@ def test_a_hostile_spec_warmup_is_refused() -> None:
 
 # --- the supervisor's batching -------------------------------------------------------------
 
-def job(i: int, length: int, dims: tuple[PadDim, ...] = (SEQ,)) -> Job:
-    specs, frames = pack_arrays({"ids": np.ones((1, length), np.int32)})
-    key = batch_key([TensorSpec.from_wire(s) for s in specs], dims)
-    return Job(i, "m", [], str(i).encode(), specs, frames, received_at=0.0, key=key)
+def job(i: int, length: int, dims: tuple[PadDim, ...] = (SEQ,), rows: int = 1,
+        width: int = 1) -> Job:
+    specs, frames = pack_arrays({"ids": np.ones((rows, length), np.int32),
+                                 "extra": np.ones((rows, width), np.float32)})
+    key, joins = batch_keys([TensorSpec.from_wire(s) for s in specs], dims)
+    return Job(i, "m", [], str(i).encode(), specs, frames, received_at=0.0, key=key,
+               joins=joins)
 
 
 def test_mixed_lengths_of_one_bucket_share_a_batch() -> None:
-    queue = deque([job(0, 5), job(1, 16), job(2, 8), job(3, 6), job(4, 3)])
+    queue = deque([job(0, 5), job(1, 16), job(2, 8), job(3, 6), job(9, 3, width=2), job(4, 3)])
     policy = BatchPolicy.from_config(8, 0.0, None)
-    assert [j.id for j in take_batch(queue, policy, 0.0)] == [0, 2, 3]  # all padded to 8
+    # 0, 2 and 3 padded to 8 make 3 rows, sent as 4: the fourth is job 4's, padded up from
+    # its bucket of 4 rather than a copy of a row (job 9's other input does not match)
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [0, 2, 3, 4]
     assert [j.id for j in take_batch(queue, policy, 0.0)] == [1]
-    assert [j.id for j in take_batch(queue, policy, 0.0)] == [4]
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [9]
+
+
+def test_shorter_jobs_never_ride_where_lengths_do_not_pad() -> None:
+    fixed = dataclasses.replace(SEQ, pads=False)
+    queue = deque([job(0, 8, (fixed,)), job(1, 5, (fixed,))])
+    policy = BatchPolicy.from_config(8, 0.0, None)
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 16), st.integers(1, 3), st.integers(1, 2)),
+                min_size=1, max_size=24),
+       st.integers(1, 8), st.sets(st.integers(1, 7), max_size=3))
+def test_every_batch_is_one_padded_shape_and_no_job_is_lost(
+        shapes: list[tuple[int, int, int]], most: int, sizes: set[int]) -> None:
+    """Batches taken until the queue is empty: each job in exactly one; a batch's jobs share
+    the layout, none with a bucket past its head's; its head's own bucket fills it first,
+    and the shorter riders only take rows it would have been padded with."""
+    jobs = [job(i, n, rows=r, width=w) for i, (n, r, w) in enumerate(shapes)]
+    policy = BatchPolicy.from_config(most, 0.0, tuple({*sizes, most}) if sizes else None)
+    queue, seen = deque(jobs), []
+    while queue:
+        batch = take_batch(queue, policy, 0.0)
+        assert batch, "a queue of due jobs gives a batch"
+        seen += [j.id for j in batch]
+        head, rest = batch[0], batch[1:]
+        own = [j for j in batch if j.key == head.key]
+        riders = [j for j in batch if j.key != head.key]
+        assert rest == own[1:] + riders  # its own bucket first, in order
+        rows = sum(j.rows or 1 for j in own)
+        for rider in riders:
+            assert head.joins and rider.joins and rider.joins[0] == head.joins[0]
+            assert rider.joins[1] < head.joins[1]
+        if len(batch) > 1:
+            assert sum(j.rows or 1 for j in batch) <= policy.pad_to(rows) <= most
+    assert sorted(seen) == list(range(len(jobs)))
 
 
 # --- the worker's padded batch -------------------------------------------------------------

@@ -125,7 +125,8 @@ def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str
                    "imports from, or its files did not answer)" if model.get("code_unknown") else ""
     batches = model.get("batches") or {}
     batch_text = f"; batches of {batches['mean_rows']} rows on average (max " \
-                 f"{batches['max_batch_size']})" if batches.get("mean_rows") else ""
+                 f"{batches['max_batch_size']}, {batches.get('padding_share') or 0:.0%} of " \
+                 "rows computed were padding)" if batches.get("mean_rows") else ""
     wait = batches.get("wait")
     if wait and batches.get("max_batch_size", 1) > 1:
         batch_text += f"; batch wait {wait['ms']:g} ms ({wait['mode']}: {wait['why']})"

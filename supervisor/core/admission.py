@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.config.keys import SupervisorSection
 from supervisor.core.jobs import Job
-from supervisor.shared.padding import PadDim, batch_key
+from supervisor.shared.padding import PadDim, batch_key, batch_keys
 from supervisor.shared.protocol import (
     BAD_REQUEST,
     ITEMSIZE,
@@ -136,14 +136,14 @@ class Admission:
         try:  # from the header and the frame lengths alone: no array is built at admission
             passed = known.check(msg.header.get("inputs"), msg.arrays, state.inputs,
                                  self.limits.max_elements, header)
-            key = batch_key(passed.specs, dims) if dims else passed.layout
+            key, joins = batch_keys(passed.specs, dims) if dims else (passed.layout, None)
         except ProtocolError as exc:
             raise Refusal(exc.code, _sent_generated(msg.header.get("inputs"), dims) or str(exc)) \
                 from None
         job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
                   inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                   deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes,
-                  key=key)
+                  key=key, joins=joins)
         job.rows = passed.rows  # what Job.rows would work out from the same specs
         self.next_job_id += 1
         return job

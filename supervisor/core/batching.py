@@ -6,7 +6,8 @@ head decides; later jobs that fit join it in arrival order, up to ``max_batch_si
 A partial batch waits up to ``batch_timeout`` for more jobs (0: dispatch at once, so an
 idle service adds no latency and batches form only under load).
 The batch is padded up to the next allowed size, which bounds the number of distinct shapes
-a model ever sees (and with it TF's per-shape memory growth).
+a model ever sees (and with it TF's per-shape memory growth); rows it would be padded with
+are given to queued jobs of shorter padded lengths first (``_riders``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def take_batch(queue: deque[Job], policy: BatchPolicy, now: float) -> list[Job]:
         waiting = now < head.received_at + policy.timeout
         if rows < policy.max_batch_size and waiting:
             return []
+        batch += _riders(queue, head, policy.pad_to(rows) - rows, now)
     if len(batch) == len(queue):  # all of it (one job in flight, say): nothing to keep
         queue.clear()
         return batch
@@ -86,6 +88,27 @@ def take_batch(queue: deque[Job], policy: BatchPolicy, now: float) -> list[Job]:
     queue.clear()
     queue.extend(kept)
     return batch
+
+
+def _riders(queue: deque[Job], head: Job, free: int, now: float) -> list[Job]:
+    """Shorter jobs for the ``free`` rows a batch is padded with (copies of its last row
+    otherwise), each padded up to the batch's bucket: a padded row costs a call what a real
+    one does, so a job riding there costs nothing and is one row fewer later. Longest
+    bucket first (the dearest call it spares), then arrival."""
+    if free <= 0 or head.joins is None:
+        return []
+    open_key, top = head.joins
+    fits = [job for job in _live(queue, now)
+            if job.joins is not None and job is not head and batchable(job) and
+            job.key != head.key and job.joins[0] == open_key and
+            all(b <= t for b, t in zip(job.joins[1], top, strict=True))]
+    fits.sort(key=lambda job: job.joins[1] if job.joins else (), reverse=True)
+    riders = []
+    for job in fits:
+        if job_rows(job) <= free:
+            riders.append(job)
+            free -= job_rows(job)
+    return riders
 
 
 def next_deadline(queue: deque[Job], policy: BatchPolicy) -> float | None:

@@ -42,7 +42,8 @@ class Router:
         self.max_queue_bytes = max_queue_bytes
         self.queues: dict[str, deque[Job]] = {}
         self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
-        self.batches: dict[str, tuple[int, int]] = {}  # model -> (batches sent, rows sent)
+        # model -> (batches sent, rows sent, rows computed: padding included)
+        self.batches: dict[str, tuple[int, int, int]] = {}
         # model -> rows -> batches sent with that many rows (before padding): what
         # `tfsupervisor tune` derives allowed_batch_sizes from. Rows from MAX_BATCH_JOBS on
         # share one key, so it holds at most MAX_BATCH_JOBS keys.
@@ -138,12 +139,12 @@ class Router:
                 job.worker, job.dispatched_at = worker_id, now
                 job.attempts += 1
                 self.held.setdefault(worker_id, {})[job.id] = job
-            count, total = self.batches.get(model, (0, 0))
-            self.batches[model] = (count + 1, total + rows)
             sizes = self.batch_rows.setdefault(model, {})
             key = min(rows, MAX_BATCH_JOBS)
             sizes[key] = sizes.get(key, 0) + 1
             pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
+            count, total, computed = self.batches.get(model, (0, 0, 0))
+            self.batches[model] = (count + 1, total + rows, computed + max(rows, pad))
             self.outbox.append(SendBatch(worker_id, tuple(batch), pad, now, rows))
             self.sent[worker_id] = (model, rows, now)
             sent += len(batch)

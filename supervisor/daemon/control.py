@@ -173,7 +173,7 @@ class Controller:
 
     def _batches(self, model: str, batching: BatchingConfig) -> dict[str, Any]:
         router = self.core.router
-        count, rows = router.batches.get(model, (0, 0))
+        count, rows, computed = router.batches.get(model, (0, 0, 0))
         if batching.batch_timeout_ms is not None:
             wait = {"mode": "fixed", "ms": batching.batch_timeout_ms,
                     "why": "batch_timeout_ms is set"}
@@ -182,7 +182,11 @@ class Controller:
             wait = {"mode": "adaptive", "ms": round(decision.seconds * 1e3, 3) if decision
                     else 0.0, "why": decision.reason if decision else "no batch sent yet"}
         return {"max_batch_size": batching.max_batch_size, "sent": count,
-                "mean_rows": round(rows / count, 2) if count else None, "wait": wait}
+                "mean_rows": round(rows / count, 2) if count else None,
+                # rows the model computed that were copies padding a batch up to an
+                # allowed size: compute spent on nothing (allowed_batch_sizes)
+                "padding_share": round(1 - rows / computed, 3) if computed else None,
+                "wait": wait}
 
     def _worker(self, worker: WorkerHandle, now: float) -> dict[str, Any]:
         last = worker.history.last()

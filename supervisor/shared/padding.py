@@ -22,6 +22,8 @@ import numpy as np
 from supervisor.shared.protocol import ProtocolError, TensorSpec
 
 Key = tuple[tuple[str, str, tuple[int, ...]], ...]
+# A job's key with its padded axes open, and its bucket on each padded dimension.
+Join = tuple[Key, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -92,17 +94,29 @@ def lengths(specs: Sequence[TensorSpec], dims: Sequence[PadDim],
 def batch_key(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> Key:
     """What must match for two jobs to share a batch: names, dtypes, and shapes past the
     batch dimension with each padded axis at its bucket (ProtocolError as ``lengths``)."""
+    return batch_keys(specs, dims)[0]
+
+
+def batch_keys(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> tuple[Key, Join | None]:
+    """``batch_key``, and what a job must match to ride in a batch of longer jobs, padded up
+    to their bucket: the key with every padded axis open, and the job's bucket on each
+    dimension (None when a dimension does not pad: its lengths batch only alike)."""
     found = lengths(specs, dims)
-    axes = {name: (axis, dim.bucket(found[dim.name]))
+    buckets = {dim.name: dim.bucket(found[dim.name]) for dim in dims if dim.name in found}
+    axes = {name: (axis, buckets[dim.name])
             for dim in dims if dim.name in found for name, axis in dim.inputs.items()}
-    key = []
+    key, open_key = [], []
     for spec in specs:
         shape = [d if isinstance(d, int) else -1 for d in spec.shape]
+        open_shape = list(shape)
         if spec.name in axes:
             axis, size = axes[spec.name]
-            shape[axis] = size
+            shape[axis], open_shape[axis] = size, 0
         key.append((spec.name, spec.dtype, tuple(shape[1:])))
-    return tuple(key)
+        open_key.append((spec.name, spec.dtype, tuple(open_shape[1:])))
+    if not dims or not all(dim.pads for dim in dims):
+        return tuple(key), None
+    return tuple(key), (tuple(open_key), tuple(buckets.get(dim.name, 0) for dim in dims))
 
 
 # --- the worker's side -------------------------------------------------------------------
