@@ -340,6 +340,15 @@ def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport:
         sup.stop()
 
 
+def test_the_reserve_grows_with_the_limit_and_never_takes_more_than_half() -> None:
+    from supervisor.daemon.descriptors import reserve
+
+    wanted = RESERVE_BASE + 16 * 2 + 2 * 32 * 2  # two workers, two pausable endpoints
+    assert reserve(1024, 2, 2) == wanted  # what the daemon's own work and backlogs need
+    assert reserve(65536, 2, 2) == 8192  # descriptors are plenty: an eighth held back
+    assert reserve(300, 2, 2) == 150  # a tiny limit: half, and a warning at start
+
+
 def test_a_failure_on_every_turn_is_logged_once_then_counted() -> None:
     """housekeeping_failed used to log its whole traceback on every poll."""
     import structlog
