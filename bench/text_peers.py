@@ -197,7 +197,8 @@ class Server:
     pid: int
     target: tuple[str, Any]  # ("tfsupervisor", endpoint) | ("raw" | "json", (port, path))
     stop: Callable[[], None]
-    batches: Callable[[], tuple[int, float]] | None = None  # (sent, rows) so far
+    # (sent, rows, the share of rows computed that were padding) so far
+    batches: Callable[[], tuple[int, float, float | None]] | None = None
 
 
 PEERS: dict[str, Peer] = {p.name: p for p in (
@@ -240,9 +241,9 @@ def start_tfsupervisor(model: Path, adaptive: bool) -> Server:
     sup: Supervisor = start_supervisor(example_config(model, adaptive))
     stop = stopper(sup)
 
-    def batches() -> tuple[int, float]:
+    def batches() -> tuple[int, float, float | None]:
         sent = sup.status()["models"]["text"]["batches"]
-        return sent["sent"], (sent["mean_rows"] or 0.0) * sent["sent"]
+        return sent["sent"], (sent["mean_rows"] or 0.0) * sent["sent"], sent["padding_share"]
 
     try:
         sup.wait_ready(timeout=START_TIMEOUT)
@@ -473,6 +474,7 @@ def serve_round(peer: Peer, model: Path, workdir: Path, seconds: float, open_sec
         if sent and server.batches:
             now = server.batches()
             row["mean_rows_per_batch"] = round((now[1] - sent[1]) / max(1, now[0] - sent[0]), 2)
+            row["padding_share"] = now[2]  # since the start, warm-up load included
         row["open"] = []
         for rate in rates(row["rows_s"]):
             done = open_loop(server.target, open_seconds, rate, seed + 2)
@@ -579,6 +581,13 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def _rows_per_batch(row: dict[str, Any]) -> str:
+    """Mean rows per batch, and for tfsupervisor the share of rows computed as padding."""
+    mean = row.get("mean_rows_per_batch", "-")
+    share = row.get("padding_share")
+    return f"{mean} ({share:.0%} padding)" if share is not None else str(mean)
+
+
 def report(payload: dict[str, Any], out: Path | None) -> None:
     table: list[list[Any]] = [["server", "round", "rows/s", "rows per CPU-s", "p50 / p99 ms",
                                "rows/batch", "open loop: rate -> p50 / p99 / p99.9 ms (failed)",
@@ -597,7 +606,7 @@ def report(payload: dict[str, Any], out: Path | None) -> None:
                        f"({a['tree_mib']:.0f} -> {b['tree_mib']:.0f})")
             table.append([PEERS[name].label, i, r["rows_s"], r["rows_per_cpu_s"],
                           f"{r.get('p50_ms', '-')} / {r.get('p99_ms', '-')}",
-                          r.get("mean_rows_per_batch", "-"), opened or "-", mem or "-"])
+                          _rows_per_batch(r), opened or "-", mem or "-"])
     notes = (f"The demo text encoder (`tfsupervisor demo-model --text`), batch-1 requests of "
              f"log-normal lengths (median 28, 4..256 tokens); closed loop: {CLIENTS} clients, "
              f"{payload['seconds']:g} s per round; open loop: Poisson arrivals at "
