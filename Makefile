@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(PY) -m bench.probe_cost $(BENCH_ARGS)
 	$(PY) -m bench.leak_probes $(BENCH_ARGS)
 	$(PY) -m bench.hops $(BENCH_ARGS)
+	$(PY) -m bench.text_costs
 
 # tfsupervisor side by side with mosec, LitServe and Ray Serve on the same model (installs
 # the `peers` extra into $(VENV): it leaves TensorFlow's pins alone). Results in

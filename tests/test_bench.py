@@ -230,3 +230,15 @@ def test_night_marks_recycles_and_the_throughput_they_cost() -> None:
     assert result["throughput_lost_pct"] == 50.0 and result["recycled_at_s"] == [15.0]
     assert result["peak_mib"] == {"unsupervised": 1180, "supervised": 890}
     assert result["failed"] == {"unsupervised": 1, "supervised": 0}
+
+
+@pytest.mark.tf
+def test_text_costs_smoke(tmp_path: Path) -> None:
+    """The cost table at its smallest: every (rows, length) measured and written."""
+    pytest.importorskip("tensorflow")
+    from bench import text_costs
+
+    ran = text_costs.run((16, 32), (1, 2), 0.01, tmp_path)
+    result = _written(tmp_path, "text_costs")
+    assert set(result["costs"]) == set(ran["costs"]) == {"1x16", "2x16", "1x32", "2x32"}
+    assert all(c["ms_per_call"] > 0 and c["ms_per_row"] > 0 for c in ran["costs"].values())
