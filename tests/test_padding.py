@@ -20,6 +20,7 @@ from supervisor.config.settings import ConfigErrors
 from supervisor.config.worker_spec import SpawnError, WorkerSpec, build_spec
 from supervisor.core.batching import take_batch
 from supervisor.core.jobs import Job
+from supervisor.core.router import Router
 from supervisor.shared.padding import PadDim, batch_key, batch_keys, cut, fits_dtype, lengths, pad
 from supervisor.shared.protocol import RESULT, ProtocolError, TensorSpec, pack_arrays, unpack_arrays
 from tests.test_batching import batch_message, replies_by_id
@@ -193,6 +194,30 @@ def test_mixed_lengths_of_one_bucket_share_a_batch() -> None:
     assert [j.id for j in take_batch(queue, policy, 0.0)] == [0, 2, 3, 4]
     assert [j.id for j in take_batch(queue, policy, 0.0)] == [1]
     assert [j.id for j in take_batch(queue, policy, 0.0)] == [9]
+
+
+def test_jobs_admitted_under_other_padding_settings_never_ride() -> None:
+    """After a reload that regroups the padded axes, jobs of both settings share the queue:
+    comparing their buckets across dimensions raised on every dispatch, stalling the model."""
+    one = PadDim("seq", {"ids": 1, "extra": 1}, (4, 8, 16), 0.0, {}, None, None, True)
+    two = (dataclasses.replace(one, inputs={"ids": 1}),
+           dataclasses.replace(one, name="seq2", inputs={"extra": 1}))
+    old = [job(i, 16, (one,), width=16) for i in range(3)]
+    queue = deque([*old, job(3, 4, two, width=4)])
+    policy = BatchPolicy.from_config(8, 0.0, None)
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [0, 1, 2]
+    assert [j.id for j in take_batch(queue, policy, 0.0)] == [3]
+
+
+def test_tune_counts_a_batchs_own_rows_not_its_riders() -> None:
+    """Riders only fill the batch sizes already allowed: counted, they would make `tune`
+    approve whatever sizes are configured."""
+    router = Router([], max_queue=100)
+    for j in (job(0, 8), job(1, 8), job(2, 8), job(3, 3)):
+        router.submit(j)
+    router.dispatch("m", [("w", 0)], 0.0, BatchPolicy.from_config(8, 0.0, None))
+    assert router.batch_rows["m"] == {3: 1}  # 3 rows of 8 long, sent as 4 with a rider
+    assert router.batches["m"] == (1, 4, 4)  # batches, rows, rows computed
 
 
 def test_shorter_jobs_never_ride_where_lengths_do_not_pad() -> None:

@@ -33,8 +33,9 @@ class Job:
     # What a batch mate must match (supervisor/shared/padding.py: padded axes at their bucket);
     # None: the plain layout (names, dtypes, shapes past the batch dimension).
     key: tuple[Any, ...] | None = None
-    # A padded model's: the key with padded axes open and the job's buckets, by which it
-    # rides padded up in a batch of longer jobs (supervisor/core/batching.py); None: never.
+    # A padded model's: the key with padded axes open (and the padded dimensions' names)
+    # and the job's buckets, by which it rides padded up in a batch of longer jobs
+    # (supervisor/core/batching.py); None: never.
     joins: tuple[Any, tuple[int, ...]] | None = None
 
     @functools.cached_property

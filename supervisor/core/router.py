@@ -44,9 +44,9 @@ class Router:
         self.held: dict[str, dict[int, Job]] = {}  # worker id -> its jobs by id; never empty
         # model -> (batches sent, rows sent, rows computed: padding included)
         self.batches: dict[str, tuple[int, int, int]] = {}
-        # model -> rows -> batches sent with that many rows (before padding): what
-        # `tfsupervisor tune` derives allowed_batch_sizes from. Rows from MAX_BATCH_JOBS on
-        # share one key, so it holds at most MAX_BATCH_JOBS keys.
+        # model -> rows -> batches sent with that many rows of the head's padded length
+        # (before padding): what `tfsupervisor tune` derives allowed_batch_sizes from.
+        # Rows from MAX_BATCH_JOBS on share one key, so it holds at most MAX_BATCH_JOBS keys.
         self.batch_rows: dict[str, dict[int, int]] = {}
         self.pending_jobs: dict[str, int] = {}  # model -> admitted, not yet answered
         self.pending_bytes: dict[str, int] = {}
@@ -139,8 +139,11 @@ class Router:
                 job.worker, job.dispatched_at = worker_id, now
                 job.attempts += 1
                 self.held.setdefault(worker_id, {})[job.id] = job
+            # For tune, the rows the head's own padded length brought, riders left out:
+            # they only fill the batch sizes already allowed.
+            own = sum(job_rows(job) for job in batch if job.key == batch[0].key)
             sizes = self.batch_rows.setdefault(model, {})
-            key = min(rows, MAX_BATCH_JOBS)
+            key = min(own, MAX_BATCH_JOBS)
             sizes[key] = sizes.get(key, 0) + 1
             pad = policy.pad_to(rows) if len(batch) > 1 or batch[0].rows is not None else 0
             count, total, computed = self.batches.get(model, (0, 0, 0))

@@ -22,8 +22,9 @@ import numpy as np
 from supervisor.shared.protocol import ProtocolError, TensorSpec
 
 Key = tuple[tuple[str, str, tuple[int, ...]], ...]
-# A job's key with its padded axes open, and its bucket on each padded dimension.
-Join = tuple[Key, tuple[int, ...]]
+# A job's key with its padded axes open and the padded dimensions' names (jobs admitted
+# under other padding settings never match), and its bucket on each of those dimensions.
+Join = tuple[tuple[Key, tuple[str, ...]], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ def batch_keys(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> tuple[Key
         open_key.append((spec.name, spec.dtype, tuple(open_shape[1:])))
     if not dims or not all(dim.pads for dim in dims):
         return tuple(key), None
-    return tuple(key), (tuple(open_key), tuple(buckets.get(dim.name, 0) for dim in dims))
+    names = tuple(dim.name for dim in dims)
+    return tuple(key), ((tuple(open_key), names), tuple(buckets.get(n, 0) for n in names))
 
 
 # --- the worker's side -------------------------------------------------------------------
