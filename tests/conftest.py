@@ -30,6 +30,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skipped.append(report.nodeid)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that start TensorFlow first, each module's tests in their own order: those
+    modules take longest, and `make test` (pytest-xdist, --dist loadfile
+    --no-loadscope-reorder) hands whole modules to its workers in this order, so the run
+    does not end on one of them while the other worker idles."""
+    with_tf = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("tf")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_tf)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """With TFS_FORBID_SKIPS set (CI), a skipped test fails the run: a skip is not a pass."""

@@ -38,7 +38,7 @@ def test_throughput_smoke(tmp_path: Path) -> None:
 
 
 def test_footprint_smoke(tmp_path: Path) -> None:
-    footprint.run(2.0, 1.0, tmp_path)
+    footprint.run(1.0, 0.5, tmp_path)
     result = _written(tmp_path, "footprint")
     assert int(str(result["jobs"])) > 0
 
@@ -73,14 +73,14 @@ def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path) -> None:
     from bench import leak_bound, mlp
 
     model = mlp.build_model()
-    mlp.throughput(model, 1.5, tmp_path)
+    mlp.throughput(model, 0.5, tmp_path)
     result = _written(tmp_path, "mlp_throughput")
     assert set(result["results"]) == {  # type: ignore[arg-type]
         "tfsupervisor, batching", "tfsupervisor, no batching",
         "in-process loop, 1 request per call", "gunicorn sync x2, max_requests 1000"}
-    mlp.recycle_under_load(model, 3.0, tmp_path)
+    mlp.recycle_under_load(model, 1.0, tmp_path)
     _written(tmp_path, "recycle_under_load")
-    leak_bound.run(8.0, tmp_path, quick=True)
+    leak_bound.run(2.0, tmp_path, quick=True)
     assert (tmp_path / "leak_bound.png").stat().st_size > 10_000
 
 
