@@ -32,8 +32,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check supervisor worker tests bench
 	$(VENV)/bin/mypy
 
+# Two pytest workers, each given whole test modules (their shared workers started once), the
+# modules that start TensorFlow handed out first (tests/conftest.py orders them).
 test: $(STAMP) lint
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fast half: no TensorFlow process is started.
 unit: $(STAMP)

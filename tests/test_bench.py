@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench import footprint, health_checks, probe_cost, roundtrip, text_peers, throughput
+from supervisor.testing import short_tmpdir
 
 
 def _written(out: Path, name: str) -> dict[str, object]:
@@ -35,7 +38,7 @@ def test_throughput_smoke(tmp_path: Path) -> None:
 
 
 def test_footprint_smoke(tmp_path: Path) -> None:
-    footprint.run(2.0, 1.0, tmp_path)
+    footprint.run(1.0, 0.5, tmp_path)
     result = _written(tmp_path, "footprint")
     assert int(str(result["jobs"])) > 0
 
@@ -70,14 +73,14 @@ def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path) -> None:
     from bench import leak_bound, mlp
 
     model = mlp.build_model()
-    mlp.throughput(model, 1.5, tmp_path)
+    mlp.throughput(model, 0.5, tmp_path)
     result = _written(tmp_path, "mlp_throughput")
     assert set(result["results"]) == {  # type: ignore[arg-type]
         "tfsupervisor, batching", "tfsupervisor, no batching",
         "in-process loop, 1 request per call", "gunicorn sync x2, max_requests 1000"}
-    mlp.recycle_under_load(model, 3.0, tmp_path)
+    mlp.recycle_under_load(model, 1.0, tmp_path)
     _written(tmp_path, "recycle_under_load")
-    leak_bound.run(8.0, tmp_path, quick=True)
+    leak_bound.run(2.0, tmp_path, quick=True)
     assert (tmp_path / "leak_bound.png").stat().st_size > 10_000
 
 
@@ -136,12 +139,20 @@ def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
     assert [sorted(set(found[name])) for name in SENDS] == [[25.0], [15.0], [15.0]]
 
 
-def test_timeline_smoke(tmp_path: Path) -> None:
+def test_timeline_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench import timeline
 
-    before = set(Path("/tmp").glob("tfs-*"))
-    timeline.run(100, 1, tmp_path)
-    assert set(Path("/tmp").glob("tfs-*")) == before  # sockets, logs, notes: all removed
+    # The run's directories (its notes, and every process's sockets and logs) are made in a
+    # directory of its own, so that those of tests running beside it are not counted.
+    own = short_tmpdir()
+    monkeypatch.setenv("TFS_SHORT_TMPDIR", str(own))
+    monkeypatch.setenv("TMPDIR", str(own))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    try:
+        timeline.run(100, 1, tmp_path)
+        assert list(own.iterdir()) == []  # sockets, logs, notes: all removed
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
     result = _written(tmp_path, "timeline")
     lined_up = result["jobs_lined_up"]
     assert isinstance(lined_up, dict) and all(count > 0 for count in lined_up.values())

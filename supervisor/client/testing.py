@@ -96,7 +96,9 @@ class Supervisor:
 
 def short_tmpdir() -> Path:
     # ipc socket paths must stay under 107 bytes; pytest's tmp_path can be long.
-    return Path(tempfile.mkdtemp(prefix="tfs-", dir="/tmp"))
+    # TFS_SHORT_TMPDIR (short too): a test that checks a run leaves nothing behind points
+    # the run's directories there, away from those of runs beside it.
+    return Path(tempfile.mkdtemp(prefix="tfs-", dir=os.environ.get("TFS_SHORT_TMPDIR", "/tmp")))
 
 
 def start_supervisor(config: dict[str, Any], workdir: Path | None = None,
