@@ -277,6 +277,10 @@ def flood(endpoint: str, count: int) -> tuple[Any, list[Any]]:
     return context, sockets
 
 
+# The floods measure how far a pause lags libzmq's accepts, which is how soon the gate's
+# thread gets a CPU: they run with nothing beside them (docs/operations.md has the margin
+# under load, measured on its own).
+@pytest.mark.alone
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])
 def test_a_flood_of_connections_under_a_low_nofile_limit_is_contained(transport: str) -> None:
     """libzmq aborts the daemon when an ipc accept meets EMFILE (and spins on tcp): with
@@ -399,6 +403,7 @@ def connect_as_nobody(paths: list[Path]) -> list[str]:
     return list(json.loads(answer))
 
 
+@pytest.mark.alone
 def test_a_paused_ipc_socket_is_out_of_every_other_clients_reach() -> None:
     """The pause moved frontend.sock to frontend.sock.paused, still listening and as open
     to the socket group as before: clients that connected there were not counted, and 600
