@@ -38,6 +38,7 @@ from supervisor.testing import short_tmpdir, start_supervisor
 CLIENTS = 32
 PROCESSES = 4  # client processes the CLIENTS are spread over
 THREADS = {"intra_op_threads": 1, "inter_op_threads": 1}
+WORKERS = 2  # per contender (tfsupervisor workers, gunicorn workers)
 
 
 @dataclass
@@ -131,7 +132,7 @@ def summary(run: Run, seconds: float) -> dict[str, Any]:
 # --- contenders ---------------------------------------------------------------------------
 
 def supervisor_config(model: Path, batching: bool, **policy: Any) -> dict[str, Any]:
-    return {"models": {"mlp": {"saved_model": str(model), "workers": 2, "tf": THREADS,
+    return {"models": {"mlp": {"saved_model": str(model), "workers": WORKERS, "tf": THREADS,
                                "batching": {"max_batch_size": 32 if batching else 1},
                                "policy": policy}}}
 
@@ -189,7 +190,7 @@ def with_gunicorn(model: Path, seconds: float, max_requests: int,
     port = free_port()
     gunicorn = Path(sys.executable).parent / "gunicorn"
     proc = subprocess.Popen(
-        [str(gunicorn), "--workers", "2", "--worker-class", "sync", "--bind",
+        [str(gunicorn), "--workers", str(WORKERS), "--worker-class", "sync", "--bind",
          f"127.0.0.1:{port}", "--max-requests", str(max_requests), "--max-requests-jitter",
          str(jitter), "--timeout", "120", "--backlog", "2048", "--chdir",
          str(Path(__file__).resolve().parent), "wsgi_mlp:app"],
@@ -261,12 +262,11 @@ def throughput(model: Path, seconds: float, out: Path | None) -> dict[str, Any]:
                                                 seconds)
     rows["in-process loop, 1 request per call"] = summary(in_process_loop(model, seconds),
                                                           seconds)
-    rows["gunicorn sync x2, max_requests 1000"] = summary(
-        with_gunicorn(model, seconds, 1000, 100)[0], seconds)
+    gunicorn = f"gunicorn sync x{WORKERS}, max_requests 1000"
+    rows[gunicorn] = summary(with_gunicorn(model, seconds, 1000, 100)[0], seconds)
     best = rows["tfsupervisor, batching"]["jobs_per_second"]
     result = {"seconds": seconds, "clients": CLIENTS, "results": rows,
-              "ratio_vs_gunicorn": round(best / rows["gunicorn sync x2, max_requests 1000"]
-                                         ["jobs_per_second"], 2),
+              "ratio_vs_gunicorn": round(best / rows[gunicorn]["jobs_per_second"], 2),
               "ratio_vs_loop": round(best / rows["in-process loop, 1 request per call"]
                                      ["jobs_per_second"], 2),
               "targets": {"vs_gunicorn": 3.0, "vs_loop": 3.0}}
@@ -275,7 +275,8 @@ def throughput(model: Path, seconds: float, out: Path | None) -> dict[str, Any]:
               for k, v in rows.items()]
     write("mlp_throughput", result, table, out,
           f"Design-brief MLP, batch-1 requests, {CLIENTS} concurrent clients in {PROCESSES} "
-          "client processes (the in-process loop is one sequential caller), 2 workers each, "
+          f"client processes (the in-process loop is one sequential caller), {WORKERS} "
+          "workers each, "
           "TF 1 thread per op, all on the same cores. "
           f"tfsupervisor with batching: {result['ratio_vs_gunicorn']}x gunicorn, "
           f"{result['ratio_vs_loop']}x the loop (targets 3x).")

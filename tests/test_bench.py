@@ -68,16 +68,18 @@ def test_leak_probes_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.tf
-def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path) -> None:
+def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("tensorflow")
     from bench import leak_bound, mlp
+
+    monkeypatch.setattr(mlp, "WORKERS", 1)  # every path still runs; half the TF processes
 
     model = mlp.build_model()
     mlp.throughput(model, 0.5, tmp_path)
     result = _written(tmp_path, "mlp_throughput")
     assert set(result["results"]) == {  # type: ignore[arg-type]
         "tfsupervisor, batching", "tfsupervisor, no batching",
-        "in-process loop, 1 request per call", "gunicorn sync x2, max_requests 1000"}
+        "in-process loop, 1 request per call", "gunicorn sync x1, max_requests 1000"}
     mlp.recycle_under_load(model, 1.0, tmp_path)
     _written(tmp_path, "recycle_under_load")
     leak_bound.run(2.0, tmp_path, quick=True)
