@@ -209,6 +209,33 @@ def test_jobs_admitted_under_other_padding_settings_never_ride() -> None:
     assert [j.id for j in take_batch(queue, policy, 0.0)] == [3]
 
 
+def test_a_batching_failure_answers_the_head_and_never_stalls_the_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the defect (a reload once made comparing two queued jobs raise), the job at
+    the head is answered internal and the others are dispatched, not retried forever."""
+    import supervisor.core.router as router_module
+    from supervisor.core.actions import Reply
+
+    real = router_module.take_batch
+
+    def broken_once(queue: Any, policy: Any, now: float) -> list[Job]:
+        if queue[0].id == 0:
+            raise ValueError("zip() argument 2 is shorter than argument 1")
+        return real(queue, policy, now)
+
+    monkeypatch.setattr(router_module, "take_batch", broken_once)
+    outbox: list[Any] = []
+    router = Router(outbox, max_queue=100)
+    for j in (job(0, 8), job(1, 8), job(2, 3)):
+        router.submit(j)
+    sent = router.dispatch("m", [("w1", 0), ("w2", 0)], 0.0, BatchPolicy.from_config(8, 0, None))
+    replies = [a for a in outbox if isinstance(a, Reply)]
+    assert [r.job.id for r in replies if r.job] == [0]
+    assert replies[0].msg.header["code"] == "internal"
+    assert sent == 1 and router.held_by("w2")[0].id == 1  # the next worker served on
+    assert router.queued("m") == 1 and router.pending() == 2  # job 2 waits its turn
+
+
 def test_tune_counts_a_batchs_own_rows_not_its_riders() -> None:
     """Riders only fill the batch sizes already allowed: counted, they would make `tune`
     approve whatever sizes are configured."""

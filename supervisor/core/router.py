@@ -22,8 +22,10 @@ from supervisor.core.batch_wait import BatchWait, Decision
 from supervisor.core.batching import job_rows, take_batch
 from supervisor.core.expiries import Expiries
 from supervisor.core.jobs import Job
+from supervisor.shared import logs
 from supervisor.shared.protocol import (
     DEADLINE_EXCEEDED,
+    INTERNAL,
     MAX_BATCH_JOBS,
     OVERLOADED,
     WORKER_CRASHED,
@@ -32,6 +34,8 @@ from supervisor.shared.protocol import (
 )
 
 UNBATCHED = BatchPolicy()
+
+log = logs.get(__name__)
 
 
 class Router:
@@ -131,7 +135,11 @@ class Router:
             policy = replace(policy, timeout=decision.seconds)
         sent = 0
         for _, worker_id in idle:
-            batch = take_batch(queue, policy, now)
+            try:
+                batch = take_batch(queue, policy, now)
+            except Exception as exc:  # a defect in batching must not stall the model
+                self._unbatchable(queue, exc)
+                continue
             if not batch:
                 break
             rows = sum(job_rows(job) for job in batch)
@@ -154,6 +162,15 @@ class Router:
         if len(self.sent) > len(self.held) + 64:  # batches of workers gone unanswered
             self.sent = {w: s for w, s in self.sent.items() if w in self.held}
         return sent
+
+    def _unbatchable(self, queue: deque[Job], exc: Exception) -> None:
+        """Batching raised over this queue: its head is answered ``internal`` (it may be the
+        job that set it off), so the jobs behind it are dispatched instead of stalled on
+        every turn."""
+        log.error("batching_failed", model=queue[0].model, error=f"{type(exc).__name__}: "
+                  f"{exc}"[:500], exc_info=exc)
+        self.fail(queue[0], INTERNAL, "the supervisor could not batch this job "
+                  f"({type(exc).__name__}); it was not run")
 
     def batch_done(self, worker_id: str, now: float) -> None:
         """A worker answered its batch: its time from dispatch counts in the model's costs."""
