@@ -186,8 +186,10 @@ def batch_sizes(port: int) -> tuple[float, float, float]:
     return values["sum"], values["count"], values["one"]
 
 
-def run(seconds: float, jobs: int, wait_ms: float, out: Path | None = None) -> dict[str, Any]:
-    model = build_model()
+def run(seconds: float, jobs: int, wait_ms: float, out: Path | None = None,
+        model: Path | None = None) -> dict[str, Any]:
+    """``model``: the demo MLP's SavedModel if one is at hand, else one is built."""
+    model = model or build_model()
     single = one_in_flight(model, jobs)
     loaded = under_load(model, seconds, wait_ms)
     mean = max(1, round(loaded["mean_rows"]))

@@ -37,6 +37,7 @@ from supervisor.testing import short_tmpdir, start_supervisor
 
 CLIENTS = 32
 PROCESSES = 4  # client processes the CLIENTS are spread over
+WARM_SECONDS = 2.0  # of load before each measured run: every shape seen, every worker warm
 THREADS = {"intra_op_threads": 1, "inter_op_threads": 1}
 WORKERS = 2  # per contender (tfsupervisor workers, gunicorn workers)
 
@@ -143,7 +144,7 @@ def with_supervisor(model: Path, batching: bool, seconds: float,
     try:
         sup.wait_ready(timeout=300)
         target = ("tfsupervisor", sup.endpoint)
-        drive_processes(target, 2.0)  # warm every shape
+        drive_processes(target, WARM_SECONDS)
         pids = PidWatch(sup.process.pid)
         with pids:
             run = drive_processes(target, seconds)
@@ -208,7 +209,7 @@ def with_gunicorn(model: Path, seconds: float, max_requests: int,
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        drive_processes(("gunicorn", port), 2.0)
+        drive_processes(("gunicorn", port), WARM_SECONDS)
         pids = PidWatch(proc.pid)
         with pids:
             run = drive_processes(("gunicorn", port), seconds)

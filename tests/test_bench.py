@@ -1,10 +1,11 @@
 """Smoke tests: every benchmark runs end to end at tiny sizes and writes its results, so
-none can rot. No timing is asserted here; the figures live in bench/results."""
+none can rot. No timing is asserted here; the figures live in bench/results. Those that start
+TensorFlow are in modules of their own (test_bench_*.py), so that pytest-xdist spreads them
+over its workers."""
 
 from __future__ import annotations
 
 import http.server
-import json
 import shutil
 import tempfile
 import threading
@@ -16,74 +17,38 @@ import pytest
 
 from bench import footprint, health_checks, probe_cost, roundtrip, text_peers, throughput
 from supervisor.testing import short_tmpdir
-
-
-def _written(out: Path, name: str) -> dict[str, object]:
-    assert (out / f"{name}.md").read_text().startswith(f"### {name}")
-    result: dict[str, object] = json.loads((out / f"{name}.json").read_text())
-    assert result["benchmark"] == name and "machine" in result
-    return result
+from tests.bench_results import written
 
 
 def test_roundtrip_smoke(tmp_path: Path) -> None:
     roundtrip.run(50, tmp_path)
-    result = _written(tmp_path, "roundtrip")
+    result = written(tmp_path, "roundtrip")
     assert float(str(result["ratio_p50"])) > 0
 
 
 def test_throughput_smoke(tmp_path: Path) -> None:
     throughput.run(1.0, 1, 8, tmp_path)
-    result = _written(tmp_path, "throughput")
+    result = written(tmp_path, "throughput")
     assert int(str(result["jobs"])) > 0 and result["errors"] == 0
 
 
 def test_footprint_smoke(tmp_path: Path) -> None:
     footprint.run(1.0, 0.5, tmp_path)
-    result = _written(tmp_path, "footprint")
+    result = written(tmp_path, "footprint")
     assert int(str(result["jobs"])) > 0
 
 
 def test_health_checks_smoke(tmp_path: Path) -> None:
     health_checks.run(1, 5, tmp_path)
-    result = _written(tmp_path, "health_checks")
+    result = written(tmp_path, "health_checks")
     assert float(str(result["exec_probe_peak_rss_mb"])) > 0
 
 
 def test_probe_cost_smoke(tmp_path: Path) -> None:
     probe_cost.run(0.1, tmp_path, demo=False)  # the demo MLP needs TF: echo only
-    result = _written(tmp_path, "probe_cost")
+    result = written(tmp_path, "probe_cost")
     [echo] = result["results"]  # type: ignore[misc]
     assert echo["jobs_on"] > 0 and echo["jobs_off"] > 0
-
-
-@pytest.mark.tf
-def test_leak_probes_smoke(tmp_path: Path) -> None:
-    pytest.importorskip("tensorflow")
-    from bench import leak_probes
-
-    leak_probes.run(0.01, ["d_native_leak"], tmp_path)
-    [case] = _written(tmp_path, "leak_probes")["results"]  # type: ignore[misc]
-    assert case["jobs"] == 40 and case["exit_code"] == 0
-    assert case["traced"] == [["forward", 1]]
-
-
-@pytest.mark.tf
-def test_mlp_and_leak_benchmarks_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("tensorflow")
-    from bench import leak_bound, mlp
-
-    monkeypatch.setattr(mlp, "WORKERS", 1)  # every path still runs; half the TF processes
-
-    model = mlp.build_model()
-    mlp.throughput(model, 0.5, tmp_path)
-    result = _written(tmp_path, "mlp_throughput")
-    assert set(result["results"]) == {  # type: ignore[arg-type]
-        "tfsupervisor, batching", "tfsupervisor, no batching",
-        "in-process loop, 1 request per call", "gunicorn sync x1, max_requests 1000"}
-    mlp.recycle_under_load(model, 1.0, tmp_path)
-    _written(tmp_path, "recycle_under_load")
-    leak_bound.run(2.0, tmp_path, quick=True)
-    assert (tmp_path / "leak_bound.png").stat().st_size > 10_000
 
 
 def test_peers_missing_package_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,28 +59,8 @@ def test_peers_missing_package_is_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     missing = replace(peers.PEERS["mosec"], modules=("no_such_module_for_bench_peers",))
     monkeypatch.setitem(peers.PEERS, "mosec", missing)
     result = peers.run(1.0, 1, ["mosec"], tmp_path)  # nothing to start: no model is built
-    assert _written(tmp_path, "peers")["servers"] == {"mosec": {"status": peers.SKIPPED}}
+    assert written(tmp_path, "peers")["servers"] == {"mosec": {"status": peers.SKIPPED}}
     assert result["ratios"] == {} and peers.SKIPPED in (tmp_path / "peers.md").read_text()
-
-
-@pytest.mark.tf
-def test_hops_and_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The per-hop profile and the peers bench (tfsupervisor alone: the peers are an
-    optional extra) run end to end on the demo MLP."""
-    pytest.importorskip("tensorflow")
-    from bench import hops, peers
-
-    monkeypatch.setattr(peers, "SETTLE_MAX_S", 1.0)  # CI's cores are never idle
-
-    hops.run(1.0, 30, 1.0, tmp_path)
-    result = _written(tmp_path, "hops")
-    loaded = result["under_load"]
-    assert loaded["batches"] > 0 and loaded["failures"] == 0  # type: ignore[index]
-    assert all(v["call"] > 0 for v in result["worker_path_us"].values())  # type: ignore[union-attr]
-    ran = peers.run(1.0, 1, ["tfsupervisor"], tmp_path, warmup=0.5)
-    assert ran["servers"]["tfsupervisor"]["failures"] == 0
-    assert ran["servers"]["tfsupervisor"]["req_s_mean"] > 0
-    assert ran["rounds"]["tfsupervisor"][0]["machine_busy_before_pct"] >= 0
 
 
 def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
@@ -155,7 +100,7 @@ def test_timeline_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         assert list(own.iterdir()) == []  # sockets, logs, notes: all removed
     finally:
         shutil.rmtree(own, ignore_errors=True)
-    result = _written(tmp_path, "timeline")
+    result = written(tmp_path, "timeline")
     lined_up = result["jobs_lined_up"]
     assert isinstance(lined_up, dict) and all(count > 0 for count in lined_up.values())
 
@@ -207,25 +152,6 @@ def test_open_loop_rates_follow_the_rounds_first_server() -> None:
     assert 24 <= np.median(drawn) <= 32 and np.mean(drawn > 64) > 0.05  # skewed: a long tail
 
 
-@pytest.mark.tf
-def test_text_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The text bench end to end: tfsupervisor with the adaptive wait (closed and open
-    loop, memory at both ends) and the compute ceiling, on the demo text model."""
-    pytest.importorskip("tensorflow")
-    from bench import peers
-
-    monkeypatch.setattr(peers, "SETTLE_MAX_S", 1.0)  # CI's cores are never idle
-    ran = text_peers.run(["tfsupervisor-adaptive", "ceiling"], 1, 1.0, 0.5, 0.5, [0.5],
-                         tmp_path)
-    result = _written(tmp_path, "text_peers")
-    assert result["summary"] == ran["summary"]
-    [ours] = ran["rounds"]["tfsupervisor-adaptive"]
-    assert ours["failures"] == 0 and ours["rows"] > 0, ours
-    assert ours["memory_end"]["largest_mib"] > 0 and ours["open"][0]["failures"] == 0
-    [ceiling] = ran["rounds"]["ceiling"]
-    assert ceiling["rows"] >= 2 * text_peers.BATCH and ceiling["rows_per_cpu_s"] > 0
-
-
 def test_night_marks_recycles_and_the_throughput_they_cost() -> None:
     """Worker w1 replaced by w2 at 15 s: one recycle there; the supervised jobs/s in that
     10 s window against the others is the throughput lost."""
@@ -243,15 +169,3 @@ def test_night_marks_recycles_and_the_throughput_they_cost() -> None:
     assert result["throughput_lost_pct"] == 50.0 and result["recycled_at_s"] == [15.0]
     assert result["peak_mib"] == {"unsupervised": 1180, "supervised": 890}
     assert result["failed"] == {"unsupervised": 1, "supervised": 0}
-
-
-@pytest.mark.tf
-def test_text_costs_smoke(tmp_path: Path) -> None:
-    """The cost table at its smallest: every (rows, length) measured and written."""
-    pytest.importorskip("tensorflow")
-    from bench import text_costs
-
-    ran = text_costs.run((16, 32), (1, 2), 0.01, tmp_path)
-    result = _written(tmp_path, "text_costs")
-    assert set(result["costs"]) == set(ran["costs"]) == {"1x16", "2x16", "1x32", "2x32"}
-    assert all(c["ms_per_call"] > 0 and c["ms_per_row"] > 0 for c in ran["costs"].values())

@@ -20,7 +20,7 @@ from tests.leak_scenarios import (
     tensorflow_cases,
 )
 
-pytestmark = [pytest.mark.tf, pytest.mark.alone]  # growth judged over seconds: no neighbour
+pytestmark = pytest.mark.tf
 pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
 
 

@@ -307,6 +307,43 @@ def test_a_growing_worker_gets_a_census_that_sees_the_container_keeping_arrays(
     assert recorder.latest.containers == (("dict of numpy.ndarray", 1350),)
 
 
+def test_growth_under_a_megabyte_a_sample_still_brings_the_early_census(fake: Fake) -> None:
+    """Growing is judged since the last census, not since the last sample: a cache of
+    32 KiB arrays served at 8 jobs a sample (a busy machine's rate) grows 256 KiB between
+    samples, and measured that way never looked growing, got no census, and was named a
+    native leak."""
+    cache: dict[int, np.ndarray] = {}
+    fake.objects = [cache]
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    now = 0.0
+    while fake.readings.get("objects", 0) < 2 and now < 200:
+        for _ in range(8):
+            cache[len(cache)] = np.zeros(4096)
+            fake.rss += 32 * 1024
+        now += 1.0
+        recorder.between(now, len(cache))
+    # the baseline at 1 MiB grown, the compared one at the next MiB: 4 samples each
+    assert fake.readings["objects"] == 2 and now == 8.0 >= 4.0 + GROWING_CENSUS_INTERVAL
+    assert recorder.latest.containers == (("dict of numpy.ndarray", 32),)
+    assert recorder.latest.census_bytes is not None and \
+        recorder.latest.census_bytes >= 32 * 32 * 1024
+    assert recorder.latest.census_jobs == 32
+
+
+def test_the_census_baseline_waits_for_the_first_job(fake: Fake) -> None:
+    """A model's first call builds what it builds once (a trace): a baseline before it
+    would count all that as grown at the next census, and a native leak served slowly
+    enough looked like Python keeping graph objects."""
+    recorder = ProbeRecorder(1.0, 0.0, fake.sources())
+    recorder.between(1.0, 0)
+    fake.rss += 200 * GROWING_BYTES  # the model loaded
+    fake.blocks += 2 * CENSUS_BLOCKS
+    recorder.between(2.0, 0)
+    assert "objects" not in fake.readings
+    recorder.between(3.0, 1)
+    assert fake.readings["objects"] == 1
+
+
 def _census_twice(fake: Fake, between: Any) -> Probes:
     """A growing worker's baseline census, ``between()`` (what it keeps), and the census
     compared with it."""

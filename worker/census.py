@@ -22,13 +22,14 @@ import numpy as np
 from supervisor.shared.probes import BUFFER_TYPES, MAX_NAME, MAX_NAMES
 
 # A census runs when Python's allocated blocks grew by this many since the last one (~0.5 to
-# 10 MB of small objects), or when RSS grows (see GROWING_BYTES) whatever the blocks did;
-# at most once per CENSUS_INTERVAL seconds. The first one, the baseline, too: a worker that
-# grows neither way is never censused. One exception: the first census compared with
-# the baseline, in a worker whose RSS grows, comes as soon as GROWING_CENSUS_INTERVAL and
-# GROWING_BUDGET allow: a fast leak is recycled within seconds, and a census is what tells
-# a buffer kept by Python (a numpy array in a cache) from a native leak. So a leaking
-# worker pays for one early census (~100 ms in a TF worker), a steady one never.
+# 10 MB of small objects), or when RSS grew by GROWING_BYTES since the last one, whatever the
+# blocks did (worker/probes.py); at most once per CENSUS_INTERVAL seconds. The first one, the
+# baseline, too: a worker that grows neither way is never censused. One exception: the first
+# census compared with the baseline, in a worker whose RSS grows, comes as soon as
+# GROWING_CENSUS_INTERVAL and GROWING_BUDGET allow: a fast leak is recycled within seconds,
+# and a census is what tells a buffer kept by Python (a numpy array in a cache) from a native
+# leak. So a leaking worker pays for one early census (~100 ms in a TF worker), a steady one
+# for at most one census a minute while its RSS creeps (none once it is flat).
 CENSUS_BLOCKS = 20_000
 CENSUS_INTERVAL = 60.0
 GROWING_CENSUS_INTERVAL = 2.0
@@ -78,17 +79,23 @@ class Census:
     start_blocks: int | None = None  # py_blocks when first asked, before any census
     took: float = 0.0  # seconds the last census took
 
-    def due(self, now: float, blocks: int | None, budget: float, growing: bool = False) -> bool:
+    def due(self, now: float, blocks: int | None, budget: float, growing: bool = False,
+            jobs: int | None = None) -> bool:
         """Whether a census is due; ``budget``: the share of the serving thread's time a census
-        may take (the recorder's BUDGET), which spaces them by what the last one took."""
+        may take (the recorder's BUDGET), which spaces them by what the last one took;
+        ``jobs``: answered so far, if known."""
         if self.stopped or blocks is None:
             return False
         if self.counts is None:
             # The baseline the next census is compared with, once there is something to
-            # look for: a worker that never grows never pays for a census.
+            # look for: a worker that never grows never pays for a census. Not before the
+            # first job: a model's first call builds what it builds once (a tf.function's
+            # trace: ~1,600 functions, decorators, stack frames), which a baseline taken
+            # before it counts as grown at the next census. On busy cores fewer jobs passed
+            # by then, and a native leak's census was led by TensorFlow's decorators.
             if self.start_blocks is None:
                 self.start_blocks = blocks
-            return growing or blocks - self.start_blocks >= CENSUS_BLOCKS
+            return jobs != 0 and (growing or blocks - self.start_blocks >= CENSUS_BLOCKS)
         early = growing and not self.compared
         spacing = max(GROWING_CENSUS_INTERVAL, self.took / GROWING_BUDGET) if early \
             else max(CENSUS_INTERVAL, self.took / budget)

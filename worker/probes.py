@@ -76,7 +76,8 @@ OVERFLOW_BITS = 2**20
 # A batch of a signature never seen is always measured, and every batch is counted.
 BUDGET = 0.002
 # RSS growth since the last sample from which the next one is due at the next interval,
-# whatever it costs (a worker that grows this much between heartbeats is leaking).
+# whatever it costs (a worker that grows this much between heartbeats is leaking); and
+# since the last census, from which a census is due (worker/census.py).
 GROWING_BYTES = 1024**2
 # At least one batch in this many is measured, whatever its reads cost.
 MAX_SKIP = 10_000
@@ -135,6 +136,11 @@ class ProbeRecorder:
         # RSS read) at most once per interval.
         self._next_check = now
         self._sampled_rss: int | None = None
+        # RSS at the last census (before the first, at the first sample): what "growing"
+        # means to a census. Measured from one sample to the next, a leak of 32 KiB a job
+        # served under 32 jobs per interval (a busy machine's rate) never looked growing, got
+        # no census, and its cache of arrays was named a native leak.
+        self._census_rss: int | None = None
         # Batches of known signatures to let pass before the next one measured, and the
         # countdown as it was set (their difference: batches since the last measured one).
         self._countdown = self._scheduled = 0
@@ -251,10 +257,13 @@ class ProbeRecorder:
         shapes, top_shapes = self.shapes.distinct(), self.shapes.top(MAX_NAMES)
         sampled = clock() - start
         rss = sources.rss()
-        growing = rss is not None and self._sampled_rss is not None and \
-            rss - self._sampled_rss >= GROWING_BYTES
-        if self.census.due(now, blocks, BUDGET, growing):
+        if self._census_rss is None:
+            self._census_rss = rss
+        growing = rss is not None and self._census_rss is not None and \
+            rss - self._census_rss >= GROWING_BYTES
+        if self.census.due(now, blocks, BUDGET, growing, jobs):
             self.census.take(now, blocks, sources.objects, clock, jobs, self.roots)
+            self._census_rss = rss
         self._next_sample = now + max(self.interval, sampled / BUDGET)
         self._next_check = now + self.interval
         self._sampled_rss = rss
