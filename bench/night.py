@@ -1,4 +1,4 @@
-"""A night in minutes: the seeds' text service growing, unsupervised and under tfsupervisor.
+"""A night in minutes: a leaking text service, unsupervised and under tfsupervisor.
 
 One supervisor serves the same leaking handler twice (``tests.leak_handlers:eager_text``:
 the demo text encoder per request through a ``tf.function`` that takes each request's
@@ -136,7 +136,7 @@ def plot(samples: list[dict[str, Any]], result: dict[str, Any], path: Path) -> N
     draw_memory(samples, {
         "unsupervised": ("tab:red", "without (the same service, no recycling)"),
         "supervised": ("tab:blue", f"with tfsupervisor (max_memory {result['max_memory']})")},
-        "The seeds' text service: a graph per new length, one worker each", path,
+        "A text service: a graph per new length, one worker each", path,
         result["recycled_at_s"])
 
 

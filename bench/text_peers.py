@@ -1,4 +1,4 @@
-"""Side by side on the seeds' workload: the demo text encoder on variable-length token ids.
+"""Side by side on a text workload: the demo text encoder on variable-length token ids.
 
 The same SavedModel (``tfsupervisor demo-model --text``: 4 layers, width 128; token ids and
 attention mask of any length in, a pooled embedding out), TF 1 thread per op, 2 workers,
@@ -10,7 +10,7 @@ batches up to 32 rows and a 5 ms wait wherever a server batches, served by:
 - mosec: 2 workers, ``max_batch_size=32``; each batch padded to its longest sequence (how a
   mosec user writes it); raw int32 ids in, raw float32 embedding out;
 - LitServe: 2 workers, the same padding, JSON in and out, ``fast_queue=True``;
-- the seeds' own kind of service: gunicorn, 2 sync workers, a WSGI app calling the loaded
+- the common per-request service: gunicorn, 2 sync workers, a WSGI app calling the loaded
   SavedModel once per request on the request's own shape (as seed 002's service did);
 - the compute ceiling: the same model in a tight loop, 2 processes, on full 32-row batches
   of the same traffic, each batch one padding size (no server, no client).

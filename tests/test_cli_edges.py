@@ -90,11 +90,30 @@ def test_a_missing_config_file_is_said_and_no_other_daemon_is_asked(
         assert "does not validate" not in out.stderr and out.stdout == "", (command, out)
 
 
+def test_a_batch_no_request_can_carry_is_a_usage_error(workdir: Path) -> None:
+    """-3 failed in numpy with a traceback, 10^8 tried to allocate 47 GiB, 0 sent nothing."""
+    config = str(_config(workdir, {"models": {"m": echo_model(1)}}))
+    for rows in ("-3", "0", "100000000", "two"):
+        out = _cli("infer", "-c", config, "m", "--random", "--batch", rows)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out
+        assert "argument --batch: expected" in out.stderr, out.stderr
+
+
+def test_random_inputs_for_a_model_that_cannot_load_say_so() -> None:
+    """Not "no worker ready yet", which tells the user to wait for what never comes."""
+    from supervisor.cli.commands import _no_random_inputs
+
+    failing = {"inputs": None, "ready_workers": 0, "failing_to_start": True}
+    assert "is failing to start" in str(_no_random_inputs("m", failing))
+    starting = {**failing, "failing_to_start": False}
+    assert "no worker ready yet" in str(_no_random_inputs("m", starting))
+
+
 def test_no_daemon_is_one_status_for_every_command(workdir: Path) -> None:
     config = str(_config(workdir, {"models": {"m": echo_model(1)}}))
     for command in (["status"], ["explain", "m"], ["recycle", "m"], ["reload"], ["tune"],
-                    ["infer", "m", "--random", "--timeout", "1"]):
-        _refused(_cli(*command, "-c", config), CliExit.UNREACHABLE)
+                    ["infer", "m", "--random"]):  # at once, not after its 30 s
+        _refused(_cli(*command, "-c", config, timeout=20), CliExit.UNREACHABLE)
 
 
 # --- one daemon -----------------------------------------------------------------------------

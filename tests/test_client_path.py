@@ -271,3 +271,32 @@ def test_one_client_shared_by_threads_answers_every_call_its_own(scripted: Scrip
     finally:
         sys.setswitchinterval(switch)
     assert not errors, errors[:3]
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, 0, 1e9, True, "5"])
+def test_a_timeout_no_call_can_wait_is_refused_before_anything_is_sent(timeout: Any) -> None:
+    """NaN, infinity and 1e9 failed deep in ZeroMQ's poll with a bare OverflowError or
+    ValueError; -1 waited "-1s" for nothing."""
+    nobody = "ipc:///tmp/tfs-nobody-listens.sock"
+    with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+        Client(nobody, timeout=timeout)
+    with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+        AsyncClient(nobody, timeout=timeout)
+    with Client(nobody, timeout=0.3) as client:
+        with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+            client.infer("m", {"x": np.zeros(1)}, timeout=timeout)
+        with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+            client.models(timeout=timeout)
+
+    async def call() -> None:
+        async with AsyncClient(nobody, timeout=0.3) as client:
+            with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+                await client.infer("m", {"x": np.zeros(1)}, timeout=timeout)
+
+    asyncio.run(call())
+
+
+def test_inputs_that_are_not_a_mapping_are_refused_by_name() -> None:
+    with Client("ipc:///tmp/tfs-nobody-listens.sock", timeout=0.3) as client, \
+            pytest.raises(TypeError, match="mapping of input name to array, got ndarray"):
+        client.infer("m", np.zeros((1, 4)))  # type: ignore[arg-type]

@@ -777,10 +777,14 @@ def test_model_available_is_logged_only_after_model_unavailable() -> None:
 
 
 def test_explain_in_warm_up_says_not_judged_yet_and_what_it_grew() -> None:
-    """Not 'not growing beyond noise' for a worker that grew 340 MiB in its warm-up."""
+    """Not 'not growing beyond noise' for a worker that grew 340 MiB in its warm-up; nor
+    its loading (sampled while it started) shown as grown over its first jobs."""
     from supervisor.cli.render import render_explain
 
     world = World(BASE.replace("warmup_jobs: 0, warmup_seconds: 0", "warmup_jobs: 1000"))
+    world.poll()
+    world.memory["a-1"] += 490 << 20  # the model loaded
+    world.tick(1.0)
     world.ready("a-1")
     world.poll()
     for _ in range(16):

@@ -1,4 +1,4 @@
-"""The demo text model: a small transformer encoder, as the seeds' text services served.
+"""The demo text model: a small transformer encoder, as text services serve.
 
 Token ids of any length in (``input_ids``, int32 ``[rows, length]``) with an
 ``attention_mask`` (int32, 1 real, 0 padded), a mean-pooled embedding out (``pooled``,

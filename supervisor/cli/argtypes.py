@@ -34,3 +34,21 @@ def _seconds(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+
+
+# infer --random's rows at most: past this the arrays the CLI would draw outgrow any sane
+# request (and the default max_message_size) before a byte is sent.
+MAX_BATCH = 100_000
+
+
+def batch_rows(text: str) -> int:
+    """infer's --batch: a whole number of rows, 1 to MAX_BATCH (negative failed in numpy with
+    a traceback; 10^8 tried to allocate tens of GiB)."""
+    try:
+        rows = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows, got {text!r}") \
+            from None
+    if not 1 <= rows <= MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_BATCH} rows, got {text!r}")
+    return rows

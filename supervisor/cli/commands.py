@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from supervisor.cli.argtypes import timeout_seconds, wait_seconds
+from supervisor.cli.argtypes import MAX_BATCH, batch_rows, timeout_seconds, wait_seconds
 from supervisor.cli.outcome import REFUSALS, CliExit, is_unknown_model, no_such_model
 from supervisor.cli.render import render_explain, render_status
 from supervisor.config.keys import Config, SupervisorSection
@@ -238,15 +238,22 @@ def _no_random_inputs(name: str, model: dict[str, Any]) -> str | None:
     if model.get("ready_workers"):  # ready, and its handler declares nothing to go by
         return (f"model '{name}' declares no inputs (its handler's `inputs` is None), so "
                 "--random has nothing to go by: give them with --input NAME=FILE.npy")
+    if model.get("failing_to_start"):
+        return (f"model '{name}' is failing to start: its workers exit before they are ready "
+                "(`tfsupervisor status` says why)")
     return f"model '{name}' has no worker ready yet: its inputs are not known"
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    from supervisor.client.client import Client, JobError, NoReply
+    from supervisor.client.client import Client, JobError, NoReply, missing_socket
 
     config = _load(args.config)
     inputs = _read_inputs(args.input)
-    with Client(list(config.supervisor.endpoints), timeout=args.timeout,
+    endpoints = list(config.supervisor.endpoints)
+    if all(missing_socket(e) for e in endpoints):  # else ZeroMQ waits out --timeout
+        raise CommandFailed(CliExit.UNREACHABLE, f"no socket at {', '.join(endpoints)} (is the "
+                            "supervisor running, with this config?)")
+    with Client(endpoints, timeout=args.timeout,
                 **_curve_args(args)) as client:
         try:
             served = client.models()
@@ -651,7 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an input array from a .npy file (repeatable)")
     infer.add_argument("--random", action="store_true",
                        help="generate every input from the model's spec")
-    infer.add_argument("--batch", type=int, default=1, help="batch size with --random")
+    infer.add_argument("--batch", type=batch_rows, default=1,
+                       help=f"rows with --random (1 to {MAX_BATCH}, default 1)")
     infer.add_argument("--timeout", type=timeout_seconds, default=30.0,
                        help="seconds (default 30)")
     status = add("status", cmd_status, "Show models and workers of a running supervisor.")

@@ -83,8 +83,8 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
         parts.append(f"growing: {w['suspected']}")
     if w.get("code_current") is False:
         parts.append("runs code older than on disk (reload to roll)")
-    if not parts and not w.get("warmed_up"):
-        parts.append("policy warm-up")
+    if not parts and not w.get("warmed_up") and w.get("state") == "ready":
+        parts.append("policy warm-up")  # a starting worker is not judged by policy at all
     return "; ".join(parts)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 
 from supervisor.client.client import (
+    checked_timeout,
     curve_keys,
     endpoint_list,
     job_ids,
@@ -289,7 +290,7 @@ class AsyncClient:
                  server_key: str | bytes | None = None, client_cert: str | None = None,
                  retry_unanswered: bool = True) -> None:
         self.endpoints = endpoint_list(endpoint)
-        self.timeout = timeout
+        self.timeout = checked_timeout(timeout)
         self.retry_unanswered = retry_unanswered
         self._curve = curve_keys(server_key, client_cert)
         self._context: zmq.Context[Any] = zmq.Context.instance()
@@ -310,13 +311,14 @@ class AsyncClient:
     async def infer(self, model: str, inputs: Mapping[str, Any],
                     timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run one job; returns the model's outputs or raises a JobError subclass."""
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else checked_timeout(timeout)
         return outcome(await self._call(request_message(model, inputs, timeout),
                                         reply_wait(timeout)))
 
     async def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
-        reply = await self._call(Message(MODELS, job_ids.next()), timeout or self.timeout)
+        timeout = self.timeout if timeout is None else checked_timeout(timeout)
+        reply = await self._call(Message(MODELS, job_ids.next()), timeout)
         if reply.kind == ERROR:
             raise error_from(reply.header)
         return dict(reply.header.get("models", {}))

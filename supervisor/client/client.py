@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 import time
@@ -67,6 +68,28 @@ def curve_keys(server_key: str | bytes | None,
     return (server_key, client_cert) if server_key and client_cert else None
 
 
+# The longest timeout a call may wait: ZeroMQ's poll takes milliseconds in a C int (~24
+# days at most); a day is beyond any job's wait.
+MAX_TIMEOUT = 86400.0
+
+
+def checked_timeout(timeout: object) -> float:
+    """``timeout`` if it is a number of seconds a job can carry; else a ValueError that says
+    so (NaN, infinity or a negative number would fail deep in the client, or wait never)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or \
+            not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be a number of seconds, more than 0 and at most "
+                         f"{MAX_TIMEOUT:.0f}, got {timeout!r}")
+    return float(timeout)
+
+
+def missing_socket(endpoint: str) -> bool:
+    """An ipc endpoint with no socket file has no daemon behind it: callers say so at once
+    rather than after their whole timeout (ZeroMQ waits for the file to appear)."""
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    return path is not None and not path.startswith("@") and not os.path.exists(path)
+
+
 def reply_wait(timeout: float) -> float:
     """How long to wait for a reply to a job sent with ``timeout``: a little longer, so the
     supervisor's own verdict (deadline_exceeded, say) arrives rather than a bare NoReply."""
@@ -97,6 +120,9 @@ job_ids = JobIds()
 
 
 def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None) -> Message:
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs must be a mapping of input name to array, got "
+                        f"{type(inputs).__name__}")
     specs, frames = pack_arrays(inputs)
     header: dict[str, Any] = {"model": model, "inputs": specs}
     if timeout is not None:
@@ -204,7 +230,7 @@ class Client:
                  server_key: str | bytes | None = None, client_cert: str | None = None,
                  retry_unanswered: bool = True) -> None:
         self.endpoints = endpoint_list(endpoint)
-        self.timeout = timeout
+        self.timeout = checked_timeout(timeout)
         self.retry_unanswered = retry_unanswered
         self._curve = curve_keys(server_key, client_cert)
         self._context = context or zmq.Context.instance()
@@ -229,12 +255,13 @@ class Client:
     def infer(self, model: str, inputs: Mapping[str, Any],
               timeout: float | None = None) -> dict[str, np.ndarray]:
         """Run one job; returns the model's outputs or raises a JobError subclass."""
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else checked_timeout(timeout)
         return outcome(self._call(request_message(model, inputs, timeout), reply_wait(timeout)))
 
     def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
-        reply = self._call(Message(MODELS, job_ids.next()), timeout or self.timeout)
+        timeout = self.timeout if timeout is None else checked_timeout(timeout)
+        reply = self._call(Message(MODELS, job_ids.next()), timeout)
         if reply.kind == ERROR:
             raise error_from(reply.header)
         return dict(reply.header.get("models", {}))
@@ -296,10 +323,7 @@ def control(endpoint: str, command: str, timeout: float = 10.0, *,
     """Send one control command (status, recycle, reload) and return its result; raises
     JobError. A TCP control endpoint needs the CURVE keys. ``limits``: what the reply may
     hold (`tune`'s answer, a model's recorded history, is larger than a status)."""
-    # An ipc endpoint with no socket file has no daemon behind it: say so now rather than
-    # after the whole timeout (ZeroMQ would wait for the file to appear).
-    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
-    if path is not None and not path.startswith("@") and not os.path.exists(path):
+    if missing_socket(endpoint):
         raise NoReply(f"no socket at {endpoint} (is the supervisor running, with this "
                       "config?)")
     context: zmq.Context[Any] = zmq.Context.instance()

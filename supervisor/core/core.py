@@ -164,7 +164,8 @@ class Core:
             models[name] = {"inputs": _wire(state.inputs), "outputs": _wire(state.outputs),
                             "ready_workers": len(self.pool.ready(name)),
                             "workers": state.config.workers,
-                            "available": self.pool.available(name)}
+                            "available": self.pool.available(name),
+                            "failing_to_start": state.unavailable}
         return {"models": models}
 
     def queue_wake(self, now: float, next_housekeeping: float) -> float:
