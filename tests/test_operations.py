@@ -111,12 +111,17 @@ def test_top_refreshes_until_interrupted(supervisor_factory: Any) -> None:
     sup = supervisor_factory({"models": {"m": echo_model(1)}})
     top = subprocess.Popen([*CLI, "top", "-c", str(sup.config_path), "--interval", "0.2"],
                            stdout=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    assert top.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while sum("tfsupervisor top" in line for line in lines) < 3:  # three screens
+        assert time.monotonic() < deadline and top.poll() is None, lines
+        lines.append(top.stdout.readline())
     top.send_signal(signal.SIGINT)
-    out, _ = top.communicate(timeout=10)
+    out = "".join(lines) + top.communicate(timeout=10)[0]
     assert top.returncode == 0
-    assert out.count("tfsupervisor top") >= 3
     assert "m-1" in out and "GROWTH/1K" in out
+    assert "\x1b" not in out  # piped: no screen-clearing codes
 
 
 def test_top_quits_after_its_refresh_on_ctrl_c_and_at_once_on_a_second() -> None:

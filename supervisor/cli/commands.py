@@ -410,6 +410,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     endpoint = _control_endpoint(args, admin=False)
     quit_ = QuitFlag()
     signal.signal(signal.SIGINT, quit_)
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""  # piped: one screen after another
     try:
         while not quit_.asked:
             try:
@@ -419,7 +420,7 @@ def cmd_top(args: argparse.Namespace) -> int:
             except JobError as exc:
                 screen = f"error: {exc}"
             stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write(f"\x1b[H\x1b[2Jtfsupervisor top — {endpoint} — "
+            sys.stdout.write(f"{clear}tfsupervisor top — {endpoint} — "
                              f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
             sys.stdout.flush()
             if not quit_.asked:
