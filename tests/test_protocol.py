@@ -666,3 +666,9 @@ def test_specs_remembered_are_bounded_in_size() -> None:
     finally:
         arrays._PARSED.clear()
         arrays._PARSED.update(before)
+
+
+def test_a_header_msgpack_says_nothing_about_is_named_without_an_empty_reason() -> None:
+    with pytest.raises(ProtocolError) as raised:
+        decode([VERSION, INFER, b"", b"\xc1"])  # a byte msgpack never uses
+    assert str(raised.value).endswith("header is not valid msgpack (FormatError)"), raised.value

@@ -177,8 +177,9 @@ def parse_header(frame: Frame, limit: int) -> dict[str, Any]:
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         # msgpack's own text names the bound or rule (e.g. "5000 exceeds max_array_len(4096)",
         # "int is not allowed for map key"), never the data
-        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}: "
-                            f"{str(exc)[:160]})") from None
+        said = str(exc)[:160]  # empty for some (FormatError: truncated data, StackError)
+        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__}"
+                            f"{': ' + said if said else ''})") from None
     if not isinstance(header, dict):
         raise ProtocolError("header must be a msgpack map")
     return header
