@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from supervisor.cli.render import render_status
 from supervisor.config.loading import parse_config
@@ -854,3 +855,10 @@ def test_the_default_batch_wait_adapts_to_the_load() -> None:
     assert Controller(fixed.core, dict, lambda: True, lambda: True).status(fixed.now)[
         "models"]["a"]["batches"]["wait"] == {"mode": "fixed", "ms": 0.0,
                                                "why": "batch_timeout_ms is set"}
+
+
+def test_a_recycle_of_a_worker_not_live_names_those_that_are() -> None:
+    world = World()
+    world.ready("a-1")
+    with pytest.raises(KeyError, match=r"no live worker 'a-9' \(live: a-1\)"):
+        world.core.recycle("a", "a-9")

@@ -284,9 +284,11 @@ class Recycler:
         targets = [w for w in self.pool.of_model(model)
                    if w.state in (State.STARTING, State.READY) and not w.leaving]
         if worker_id is not None:
+            live = ", ".join(w.id for w in targets) or "none"
             targets = [w for w in targets if w.id == worker_id]
             if not targets:
-                raise KeyError(f"model '{model}' has no live worker '{worker_id}'")
+                raise KeyError(f"model '{model}' has no live worker '{str(worker_id)[:64]}' "
+                               f"(live: {live})")
         self.requested.update((w.id, reason) for w in targets)
         return [w.id for w in targets]
 
