@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -38,22 +37,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     does not end on one of them while the other worker idles."""
     with_tf = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("tf")}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in with_tf)
-
-
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-xdist, a test marked `alone` runs while no other worker runs a test: it
-    takes a lock every other test shares (a flock on a file of this run). The leak diagnosis
-    cases judge growth over seconds of a worker's life and misname a cause when a bench
-    smoke beside them holds both cores."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:  # one process: nothing runs beside
-        yield
-        return
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(f"/tmp/tfs-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        yield
 
 
 @pytest.hookimpl(trylast=True)
