@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed-$(TF_EXTRA)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install -q -e ".[$(TF_EXTRA),http,dev]"
 	touch $@
 
 install: $(STAMP)

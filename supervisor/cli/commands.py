@@ -282,7 +282,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.client.client import JobError, NoReply, control
-    from supervisor.daemon.health import not_ready_reason
+    from supervisor.core.readiness import not_ready_reason
 
     endpoint = _control_endpoint(args, admin=False)
     if not args.ready:

@@ -29,7 +29,21 @@ def render_status(report: dict[str, Any]) -> str:
             "shutting_down; not ready)", ""] if report.get("stopping") else []
     budget = _budget_line(report.get("memory_budget"))
     return "\n".join([*head, *lines, "", *notes, *_supervisor_notes(report.get("supervisor")),
-                      *([budget] if budget else [])])
+                      *_http_lines(report.get("http")), *([budget] if budget else [])])
+
+
+def _http_lines(http: dict[str, Any] | None) -> list[str]:
+    """One line for the HTTP fronts: how many run, and what the restarts were."""
+    if not http:
+        return []
+    fronts = http["fronts"]
+    running = sum(1 for f in fronts if f["state"] == "running")
+    restarts = sum(f["restarts"] for f in fronts)
+    line = f"http {http['listen']}: {running} of {len(fronts)} front(s) running"
+    if restarts:
+        last = [f"front {f['slot']}: {f['last_exit']}" for f in fronts if f["last_exit"]]
+        line += f"; {restarts} restart(s) ({'; '.join(last)})"
+    return [line]
 def _budget_line(budget: dict[str, Any] | None) -> str | None:
     """The container's memory, when the daemon runs under a cgroup limit."""
     if not budget or (budget.get("limit") is None and budget.get("high") is None):

@@ -24,6 +24,7 @@ from supervisor.client.client import (
     checked_timeout,
     curve_keys,
     endpoint_list,
+    frames_message,
     job_ids,
     outcome,
     refresh_deadline,
@@ -31,11 +32,12 @@ from supervisor.client.client import (
     request_message,
     watched_dealer,
 )
-from supervisor.client.errors import NoReply, error_from
+from supervisor.client.errors import InternalError, NoReply, error_from
 from supervisor.client.failover import CONNECT_WAIT, Attempt, Lost, NotSent, Rotation
 from supervisor.shared.protocol import (
     ERROR,
     MODELS,
+    RESULT,
     Frame,
     Message,
     ProtocolError,
@@ -315,13 +317,33 @@ class AsyncClient:
         return outcome(await self._call(request_message(model, inputs, timeout),
                                         reply_wait(timeout)))
 
+    async def infer_frames(self, model: str, specs: list[dict[str, Any]],
+                           frames: Sequence[Frame], timeout: float | None = None
+                           ) -> tuple[list[dict[str, Any]], list[Frame]]:
+        """Run one job whose arrays are already frames (docs/protocol.md): the output specs
+        and frames as the supervisor sent them, or a JobError subclass."""
+        timeout = self.timeout if timeout is None else checked_timeout(timeout)
+        reply = await self._call(frames_message(model, specs, frames, timeout),
+                                 reply_wait(timeout))
+        if reply.kind == ERROR:
+            raise error_from(reply.header)
+        outputs = reply.header.get("outputs")
+        if reply.kind != RESULT or not isinstance(outputs, list) or \
+                len(outputs) != len(reply.arrays):
+            raise InternalError(f"unexpected reply {reply.kind!r} from the supervisor")
+        return outputs, list(reply.arrays)
+
     async def models(self, timeout: float | None = None) -> dict[str, Any]:
         """Served models: input/output specs, ready workers, availability."""
+        return dict((await self.call_models(timeout)).get("models", {}))
+
+    async def call_models(self, timeout: float | None = None) -> dict[str, Any]:
+        """The whole `models` reply: the models, and the server's readiness."""
         timeout = self.timeout if timeout is None else checked_timeout(timeout)
         reply = await self._call(Message(MODELS, job_ids.next()), timeout)
         if reply.kind == ERROR:
             raise error_from(reply.header)
-        return dict(reply.header.get("models", {}))
+        return dict(reply.header)
 
     async def _call(self, msg: Message, timeout: float) -> Message:
         deadline = time.monotonic() + timeout

@@ -46,6 +46,7 @@ from supervisor.shared.protocol import (
     INFER,
     MODELS,
     RESULT,
+    Frame,
     Limits,
     Message,
     decode,
@@ -124,10 +125,17 @@ def request_message(model: str, inputs: Mapping[str, Any], timeout: float | None
         raise TypeError(f"inputs must be a mapping of input name to array, got "
                         f"{type(inputs).__name__}")
     specs, frames = pack_arrays(inputs)
+    return frames_message(model, specs, frames, timeout)
+
+
+def frames_message(model: str, specs: list[dict[str, Any]], frames: Sequence[Frame],
+                   timeout: float | None) -> Message:
+    """An infer message of arrays already in the protocol's frames (an HTTP front's binary
+    tensor data goes through as it came)."""
     header: dict[str, Any] = {"model": model, "inputs": specs}
     if timeout is not None:
         header["timeout_ms"] = max(1, int(timeout * 1000))
-    return Message(INFER, job_ids.next(), header, frames)
+    return Message(INFER, job_ids.next(), header, list(frames))
 
 
 def outcome(msg: Message) -> dict[str, np.ndarray]:

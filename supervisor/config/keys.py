@@ -6,6 +6,7 @@ nothing of the loader.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
 import math
@@ -60,6 +61,10 @@ MIN_WAIT = 1.0
 MIN_HEADER = 128
 MIN_MESSAGE = 1024
 MIN_QUEUE_BYTES = 1
+# HTTP front processes per daemon (each a Python process of ~40 MB), and the shortest HTTP
+# wait that can carry a request at all.
+MAX_FRONTS = 64
+MIN_HTTP_WAIT = 0.1
 
 
 @dataclass(frozen=True)
@@ -371,6 +376,70 @@ class CurveConfig:
 
 
 @dataclass(frozen=True)
+class HttpSection:
+    """The HTTP front: the Open Inference Protocol v2 (KServe, Triton) and TF Serving's REST
+    API, served by front processes that forward to the daemon as clients (docs/http.md)."""
+
+    listen: str | None = setting(
+        Optional(Str()), None, "HOST:PORT the HTTP front listens on, e.g. 127.0.0.1:8080 "
+        "(off when null). Beyond loopback it needs tls_cert and tls_key, or insecure: true.")
+    processes: int = setting(
+        Int(1, MAX_FRONTS), 2, "Front processes sharing the port (each one asyncio loop; "
+        "one per core the front should use).")
+    insecure: bool = setting(
+        Bool(), False, "Allow plain HTTP beyond loopback. Anyone who reaches the port can "
+        "submit jobs (set token_file to ask for a bearer token).")
+    tls_cert: str | None = setting(
+        Optional(Str()), None, "PEM certificate chain file: HTTPS (with tls_key). Read when "
+        "a front starts.")
+    tls_key: str | None = setting(
+        Optional(Str()), None, "PEM private key file of tls_cert.")
+    token_file: str | None = setting(
+        Optional(Str()), None, "File holding a bearer token: requests must send "
+        "`Authorization: Bearer TOKEN` (health endpoints excepted). Read at start.")
+    max_body_size: int = setting(
+        Size(1024), 64 * 1024**2, "Largest request body; a larger one is answered 413 before "
+        "it is read. At most supervisor.max_message_size matters: the job must fit it too.")
+    default_timeout: float = setting(
+        Duration(MIN_HTTP_WAIT), 60.0, "A request's deadline when it names none "
+        "(parameters.timeout, in microseconds as Triton's clients send it).")
+    keepalive_timeout: float = setting(
+        Duration(MIN_HTTP_WAIT), 5.0, "An idle keep-alive connection is closed after this.")
+    request_timeout: float = setting(
+        Duration(MIN_HTTP_WAIT), 30.0, "A request's head and body must arrive within this "
+        "from its first byte, or the connection is closed (slow clients cannot hold a front).")
+    max_connections: int = setting(
+        Int(1, 1_000_000), 1000, "Open connections per front process; a new one beyond is "
+        "answered 503 and closed.")
+    access_log: bool = setting(
+        Bool(), False, "Log one line per request (method, route, status, seconds).")
+
+    def check(self, path: str) -> list[ConfigError]:
+        if self.listen is None:
+            return []
+        errors = _metrics_address(f"{path}.listen", self.listen)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            errors.append(ConfigError(path, "expected both tls_cert and tls_key, or neither"))
+        host = self.listen.rpartition(":")[0]
+        if not errors and self.tls_cert is None and not self.insecure and \
+                not is_loopback(f"tcp://{host}:0"):
+            errors.append(ConfigError(
+                f"{path}.listen", f"{self.listen} is reachable beyond this host without "
+                "encryption: set tls_cert and tls_key, listen on loopback, or write "
+                "supervisor.http.insecure: true"))
+        return errors
+
+    def files(self, base: Path) -> HttpSection:
+        """The file settings resolved against the config file's directory."""
+        def resolve(value: str | None) -> str | None:
+            return None if value is None else str((base / value).resolve())
+
+        return dataclasses.replace(self, tls_cert=resolve(self.tls_cert),
+                                   tls_key=resolve(self.tls_key),
+                                   token_file=resolve(self.token_file))
+
+
+@dataclass(frozen=True)
 class SupervisorSection:
     """The daemon itself."""
 
@@ -436,6 +505,9 @@ class SupervisorSection:
         "otherwise (auto), or either always; `run --log-format` overrides it.")
     curve: CurveConfig = setting(
         Section(CurveConfig), None, "CURVE keys; required for TCP beyond loopback.")
+    http: HttpSection = setting(
+        Section(HttpSection), None, "The HTTP front (Open Inference Protocol v2, TF Serving "
+        "REST); off unless listen is set.")
     insecure: bool = setting(
         Bool(), False, "Allow TCP endpoints beyond loopback (and TCP control or admin "
         "endpoints) without CURVE. Anyone who reaches them can submit jobs or stop workers.")
@@ -465,6 +537,11 @@ class SupervisorSection:
             errors.extend(_metrics_address(f"{path}.metrics", self.metrics))
         if not (self.curve.enabled or self.insecure):
             errors.extend(_exposed(path, self.endpoints, self.control, self.admin))
+        if self.curve.enabled and self.http.listen is not None:
+            errors.append(ConfigError(f"{path}.http", "the HTTP front does not run beside "
+                                      "supervisor.curve yet (its processes reach the daemon "
+                                      "on the frontend socket, which CURVE closes to them): "
+                                      "serve HTTP from a supervisor without curve"))
         if self.curve.enabled and self.admin.startswith("tcp://") and \
                 self.curve.admin_clients is None:
             errors.append(ConfigError(f"{path}.admin", "a TCP admin endpoint needs "

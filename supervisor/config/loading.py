@@ -221,6 +221,7 @@ def _parse_config(text: str, file: Path | None) -> Config:
             str((base / curve.server_secret_key).resolve()),
             str((base / curve.authorized_clients).resolve()),
             str((base / curve.admin_clients).resolve()) if curve.admin_clients else None))
+    sup = dataclasses.replace(sup, http=sup.http.files(base))
     return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
 
 

@@ -28,6 +28,7 @@ from supervisor.core.history import Reading, Sample
 from supervisor.core.jobs import Job
 from supervisor.core.lifecycle import STOP_GRACE, Lifecycle
 from supervisor.core.pool import Pool, State, WorkerHandle
+from supervisor.core.readiness import STARTING, Report, not_ready_reason
 from supervisor.core.reasons import Reason
 from supervisor.core.recycling import Recycler
 from supervisor.core.router import Router
@@ -81,6 +82,9 @@ class Core:
         self.fast_exit = False
         self.strangers = 0  # backend messages dropped since the last backend_stranger event
         self.next_stranger_log = 0.0
+        # The readiness report the daemon last published (core/readiness.py): the `models`
+        # reply carries its verdict, so an HTTP front answers /v2/health/ready from it.
+        self.published: Report = STARTING
 
     def take(self) -> list[Action]:
         """The actions decided so far, in order; the daemon performs them."""
@@ -165,8 +169,12 @@ class Core:
                             "ready_workers": len(self.pool.ready(name)),
                             "workers": state.config.workers,
                             "available": self.pool.available(name),
-                            "failing_to_start": state.unavailable}
-        return {"models": models}
+                            "failing_to_start": state.unavailable,
+                            "kind": state.config.source[0]}
+        stopping = self.shutdown_started is not None
+        reason = not_ready_reason({**self.published, "stopping": stopping}, None, errors=False)
+        return {"models": models,
+                "server": {"ready": reason is None, "reason": reason, "stopping": stopping}}
 
     def queue_wake(self, now: float, next_housekeeping: float) -> float:
         """When the queues next need the loop (math.inf: never): a partial batch that stops

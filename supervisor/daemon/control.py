@@ -27,8 +27,10 @@ ADMIN_COMMANDS = ("recycle", "reload")
 class Controller:
     def __init__(self, core: Core, reload: Callable[[Answer], None],
                  serving: Callable[[], bool], ready: Callable[[], bool],
-                 resources: Callable[[], dict[str, Any]] = dict) -> None:
+                 resources: Callable[[], dict[str, Any]] = dict,
+                 fronts: Callable[[], list[dict[str, Any]] | None] = lambda: None) -> None:
         self.core = core
+        self.fronts = fronts  # the HTTP front processes (None: no http.listen)
         self.resources = resources  # the daemon's own: log lines dropped, descriptors
         self.reload = reload
         self.serving = serving  # past start-up (READY=1 sent) and not stopping
@@ -169,7 +171,14 @@ class Controller:
                     self.core.config.supervisor.min_available_memory),
                 # the file a reload re-reads (`reload -c` another file names it)
                 "config": _config_file(self.core.config.path),
-                "supervisor": self.resources()}
+                "supervisor": self.resources(),
+                "http": self._http()}
+
+    def _http(self) -> dict[str, Any] | None:
+        fronts = self.fronts()
+        if fronts is None:
+            return None
+        return {"listen": self.core.config.supervisor.http.listen, "fronts": fronts}
 
     def _batches(self, model: str, batching: BatchingConfig) -> dict[str, Any]:
         router = self.core.router

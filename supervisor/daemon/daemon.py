@@ -33,6 +33,7 @@ from supervisor.daemon.codewatch import CHECK, CodeWatch, fingerprints_within
 from supervisor.daemon.control import Controller
 from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit, reserve
 from supervisor.daemon.failures import Failures
+from supervisor.daemon.fronts import EXIT_GRACE, Fronts
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
@@ -108,11 +109,14 @@ class Daemon:
         self.gate = Gate(self.context, raise_limit())  # descriptors for the daemon's own work
         self.resources = Resources(self.gate)
         self.reporter.metrics.registry.register(self.resources)
+        self.fronts: Fronts | None = None  # the HTTP front processes, when http.listen is set
+        self.fronts_deadline: float | None = None  # after the drain: fronts get until then
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
-            resources=self.resources.facts)
+            resources=self.resources.facts,
+            fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None)
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
         self.code = CodeWatch()  # the models' code on disk, against what workers run
@@ -160,11 +164,25 @@ class Daemon:
         for endpoint in sup.endpoints:
             self._bind(self.frontend, endpoint, gid)
         self._bind(self.backend, self.config.backend, None)
+        if sup.http.listen:
+            self._http(sup)
         self._bind(self.control, sup.control, gid)
         self._bind(self.admin, sup.admin, admin_gid, shared=admin_gid is not None)
         if sup.metrics:
             with startup.step(f"metrics address {sup.metrics}"):
                 self.reporter.serve(sup.metrics)
+
+    def _http(self, sup: SupervisorSection) -> None:
+        """The fronts' private endpoint on the frontend socket (they are clients like any
+        other), their listening socket, and their metrics on the daemon's /metrics."""
+        private = Path(self.config.backend[len("ipc://"):]).parent
+        endpoint = f"ipc://{private}/fronts.sock"
+        self._bind(self.frontend, endpoint, None, shared=False)
+        self.fronts = Fronts(sup.http, endpoint, private / "front-metrics", sup.log_level,
+                             self.log_format)
+        with startup.step(f"supervisor.http.listen {sup.http.listen}"):
+            self.fronts.bind()
+        self.reporter.metrics.registry.register(self.fronts.collector())
 
     def _curve(self, sup: SupervisorSection) -> None:
         with startup.step("supervisor.curve"):
@@ -225,7 +243,7 @@ class Daemon:
             poller.register(self.zap.zap_socket, zmq.POLLIN)
         self.output.attach(poller)
         try:
-            while not self.core.finished:
+            while not self.core.finished or self._fronts_draining():
                 before, sleep_ms = self.clock(), self._sleep_ms()
                 ready = dict(poller.poll(sleep_ms))
                 self.turn_started = self.clock()
@@ -258,6 +276,16 @@ class Daemon:
             self._close()
         log.info("supervisor_stopped")
         return DaemonExit.OK
+
+    def _fronts_draining(self) -> bool:
+        """After the workers' drain: fronts still finishing their answers, for EXIT_GRACE at
+        most (they are killed at exit after that)."""
+        if self.fronts is None or not self.fronts.pids():
+            return False
+        now = self.clock()
+        if self.fronts_deadline is None:
+            self.fronts_deadline = now + EXIT_GRACE
+        return now < self.fronts_deadline
 
     def _check_budget(self) -> None:
         """At start (and after a reload): warn when the configured workers cannot fit the
@@ -325,6 +353,10 @@ class Daemon:
         self._stalled(now - self.turn_started)  # this turn's handlers took that long
         self.turn_started = now
         self._reap(now)
+        if self.fronts is not None:
+            if self.core.shutdown_started is not None:
+                self.fronts.drain()
+            self.fronts.tick(now)
         self._reload_done(now)
         self.output.tick(now)
         self._watch_code(now)
@@ -338,6 +370,7 @@ class Daemon:
         self._perform()
         self.reporter.report(now, self.config.supervisor, self.core.shutdown_started is not None,
                              self.core.shutdown_deadline())
+        self.core.published = self.reporter.health.report  # the `models` reply's readiness
 
     def _stalled(self, seconds: float) -> None:
         """Time the loop was not running, beyond a normal turn: told to the core, so a
@@ -364,9 +397,10 @@ class Daemon:
                 if code == -signal.SIGKILL:  # the kernel's OOM killer? its counter says
                     self.core.memory(self.cgroup.read(), None, poll=False)
                 self.core.exited(worker_id, code, now)
+        fronts = self.fronts.pids() if self.fronts is not None else set()
         while (pid := _exited_child()) is not None:
-            if any(p.pid == pid for p in self.processes.values()):
-                break  # a worker that exited just now: the next turn takes its tree down
+            if pid in fronts or any(p.pid == pid for p in self.processes.values()):
+                break  # a worker or front that exited just now: the next turn reaps it
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
 
@@ -645,6 +679,10 @@ class Daemon:
         self._refuse_latecomers()
         with contextlib.suppress(Exception):  # its socket files back where _close finds them
             self.gate.close()
+        if self.fronts is not None:
+            with contextlib.suppress(Exception):  # the workers must still go down
+                self.fronts.close(grace=0.0 if self.core.shutdown_started is None
+                                  else EXIT_GRACE)
         for process in self.processes.values():  # alive or an unreaped zombie: its group
             self.trees.take_down(process.pid)     # is its own, the worker included
         for process in self.processes.values():

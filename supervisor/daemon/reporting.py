@@ -12,9 +12,10 @@ from supervisor.config.keys import SupervisorSection
 from supervisor.core.budget import Budget
 from supervisor.core.jobs import Job
 from supervisor.core.pool import Pool, State
+from supervisor.core.readiness import readiness
 from supervisor.core.router import Router
 from supervisor.daemon import listener
-from supervisor.daemon.health import Health, readiness
+from supervisor.daemon.health import Health
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.notify import Notifier
 from supervisor.shared import logs

@@ -1,0 +1,207 @@
+"""The HTTP front processes (supervisor/front/): bound, started, restarted and drained here.
+
+The daemon binds the listening socket itself (a taken port is a start-up error with one
+line) and hands it to each front, which accept on it side by side. A front that exits is
+started again after a back-off (BACKOFF doubling to MAX_BACKOFF, reset by a front that lived
+STEADY seconds), counted and shown in `status`. On SIGTERM the fronts are told at once and
+drain; the daemon waits for them (up to its shutdown deadline) before it closes its
+sockets. Everything here runs on the main loop and never blocks: exits are polled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from supervisor.config.keys import HttpSection
+from supervisor.shared import logs
+from supervisor.shared.exitcodes import describe_exit
+
+log = logs.get(__name__)
+
+BACKOFF = 0.5  # seconds before the first restart
+MAX_BACKOFF = 30.0
+STEADY = 60.0  # a front that lived this long starts its back-off afresh
+BACKLOG = 1024  # connections waiting to be accepted (capped by somaxconn)
+EXIT_GRACE = 5.0  # after the daemon's own drain, how long fronts may take to close
+HTTP_MODULES = ("httptools", "orjson")  # what a front imports beyond the daemon's own
+
+
+@dataclass
+class FrontProcess:
+    slot: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    failures: int = 0  # exits in a row, each before STEADY
+    due: float = 0.0  # when it is started (again)
+    last_exit: str | None = None
+
+
+class Fronts:
+    def __init__(self, settings: HttpSection, endpoint: str, metrics_dir: Path,
+                 log_level: str, log_format: str) -> None:
+        self.settings, self.endpoint, self.metrics_dir = settings, endpoint, metrics_dir
+        self.log_settings = {"log_level": log_level, "log_format": log_format}
+        self.sock: socket.socket | None = None
+        self.token: str | None = None
+        self.fronts = [FrontProcess(slot) for slot in range(settings.processes)]
+        self.draining = False
+
+    # --- start ---------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """The listening socket, the TLS files and the token, checked before any front
+        starts: each problem is the start's error (OSError or ValueError with one line)."""
+        assert self.settings.listen is not None
+        missing = [m for m in HTTP_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} not installed: the HTTP front needs the "
+                             "http extra (pip install 'tfsupervisor[http]')")
+        host, _, port = self.settings.listen.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, int(port)), family=family, backlog=BACKLOG)
+        self.sock.set_inheritable(True)
+        if self.settings.tls_cert:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                self.settings.tls_cert, self.settings.tls_key)
+        if self.settings.token_file:
+            self.token = Path(self.settings.token_file).read_text().strip()
+            if not self.token or not self.token.isprintable() or " " in self.token:
+                raise ValueError(f"{self.settings.token_file}: expected one token of "
+                                 "printable characters without spaces")
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters of a previous run
+        self.metrics_dir.mkdir(mode=0o700, parents=True)
+
+    def collector(self) -> MultiProcessCollector:
+        """The fronts' metrics, added up from their files, for the daemon's registry."""
+        return MultiProcessCollector(  # type: ignore[no-untyped-call]
+            CollectorRegistry(auto_describe=True), path=str(self.metrics_dir))
+
+    @property
+    def port(self) -> int:
+        assert self.sock is not None
+        return int(self.sock.getsockname()[1])
+
+    # --- the loop's part -----------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Reap fronts that exited and start those due."""
+        for front in self.fronts:
+            if front.process is not None:
+                self._reap(front, now)
+            if front.process is None and not self.draining and now >= front.due:
+                self._start(front, now)
+
+    def pids(self) -> set[int]:
+        return {f.process.pid for f in self.fronts if f.process is not None}
+
+    def drain(self) -> None:
+        """SIGTERM to every front: they stop accepting and finish what is under way."""
+        if self.draining:
+            return
+        self.draining = True
+        for front in self.fronts:
+            if front.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    front.process.send_signal(signal.SIGTERM)
+
+    def close(self, grace: float = EXIT_GRACE) -> None:
+        """At exit: fronts still running get ``grace`` seconds, then SIGKILL; the socket is
+        closed."""
+        self.drain()
+        deadline = time.monotonic() + grace
+        for front in self.fronts:
+            if front.process is None:
+                continue
+            try:
+                front.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                front.process.kill()
+                front.process.wait()
+            self._gone(front)
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def facts(self, now: float) -> list[dict[str, Any]]:
+        """For `status`: each front's pid, state, age, restarts and last exit."""
+        return [{"slot": f.slot, "pid": f.process.pid if f.process else None,
+                 "state": "running" if f.process else
+                 ("stopped" if self.draining else "restarting"),
+                 "age": round(now - f.started_at, 1) if f.process else None,
+                 "restarts": f.restarts, "last_exit": f.last_exit} for f in self.fronts]
+
+    # --- one front -----------------------------------------------------------------------
+
+    def _start(self, front: FrontProcess, now: float) -> None:
+        assert self.sock is not None
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
+               "TFS_HTTP_SETTINGS": json.dumps(self._front_settings())}
+        if self.token:
+            env["TFS_HTTP_TOKEN"] = self.token
+        command = [sys.executable, "-m", "supervisor.front", "--fd", str(self.sock.fileno()),
+                   "--endpoint", self.endpoint, "--slot", str(front.slot),
+                   "--parent", str(os.getpid())]
+        try:
+            front.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                             pass_fds=(self.sock.fileno(),),
+                                             process_group=0)
+        except OSError as exc:
+            self._failed(front, now, f"could not be started: {exc}")
+            return
+        front.started_at = now
+        log.info("front_started", slot=front.slot, pid=front.process.pid,
+                 listen=self.settings.listen)
+
+    def _reap(self, front: FrontProcess, now: float) -> None:
+        assert front.process is not None
+        code = front.process.poll()
+        if code is None:
+            return
+        pid = front.process.pid
+        self._gone(front)
+        if self.draining:
+            log.info("front_stopped", slot=front.slot, pid=pid, exit=describe_exit(code))
+            return
+        self._failed(front, now, describe_exit(code), pid, lived=now - front.started_at)
+
+    def _failed(self, front: FrontProcess, now: float, why: str, pid: int | None = None,
+                lived: float = 0.0) -> None:
+        front.failures = 1 if lived >= STEADY else front.failures + 1
+        front.restarts += 1
+        front.last_exit = why
+        delay = min(MAX_BACKOFF, BACKOFF * 2 ** (front.failures - 1))
+        front.due = now + delay
+        log.warning("front_exited", slot=front.slot, pid=pid, exit=why,
+                    restart_in=round(delay, 2), restarts=front.restarts)
+
+    def _gone(self, front: FrontProcess) -> None:
+        if front.process is not None:
+            with contextlib.suppress(OSError):
+                mark_process_dead(front.process.pid,  # type: ignore[no-untyped-call]
+                                  str(self.metrics_dir))
+        front.process = None
+
+    def _front_settings(self) -> dict[str, Any]:
+        s = self.settings
+        return {"default_timeout": s.default_timeout, "keepalive_timeout": s.keepalive_timeout,
+                "request_timeout": s.request_timeout, "max_body_size": s.max_body_size,
+                "max_connections": s.max_connections, "access_log": s.access_log,
+                "tls_cert": s.tls_cert, "tls_key": s.tls_key, **self.log_settings}

@@ -1,0 +1,5 @@
+import sys
+
+from supervisor.front.main import main
+
+sys.exit(main())

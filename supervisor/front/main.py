@@ -1,0 +1,111 @@
+"""A front process: `python -m supervisor.front`, started by the daemon (daemon/fronts.py)
+with the listening socket it bound, never by hand.
+
+It serves HTTP on that socket and forwards jobs to the daemon's private frontend endpoint
+as a client. SIGTERM drains it (stop accepting, finish what is under way, close); it dies
+with the daemon (PR_SET_PDEATHSIG), so an orphan never keeps the port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import ssl
+import sys
+from importlib import metadata
+from typing import Any
+
+from supervisor.client.aclient import AsyncClient
+from supervisor.front.catalog import Catalog
+from supervisor.front.routes import Front
+from supervisor.front.server import Connections, HttpConnection, Limits
+from supervisor.shared import linux, logs
+from supervisor.shared.exitcodes import WorkerExit
+
+log = logs.get("supervisor.front")
+
+SETTINGS_ENV = "TFS_HTTP_SETTINGS"  # the http section, as JSON
+TOKEN_ENV = "TFS_HTTP_TOKEN"  # the bearer token, when token_file is set (never on argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m supervisor.front")
+    parser.add_argument("--fd", type=int, required=True, help="the listening socket")
+    parser.add_argument("--endpoint", required=True, help="the daemon's frontend endpoint")
+    parser.add_argument("--slot", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=0, help="the daemon's pid")
+    args = parser.parse_args(argv)
+    linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if args.parent and os.getppid() != args.parent:
+        return int(WorkerExit.ORPHANED)  # the daemon died before the line above
+    settings: dict[str, Any] = json.loads(os.environ.get(SETTINGS_ENV, "{}"))
+    logs.configure(settings.get("log_level", "info"), settings.get("log_format", "auto"),
+                   front=args.slot)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the daemon's
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:  # the plain asyncio loop serves too, slower
+        pass
+    try:
+        return asyncio.run(serve(args, settings))
+    except Exception as exc:
+        log.error("front_failed", error=f"{type(exc).__name__}: {exc}")
+        return int(WorkerExit.BOOT_ERROR)
+
+
+async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(fileno=args.fd)
+    context = _tls(settings)
+    default_timeout = float(settings.get("default_timeout", 60.0))
+    token = os.environ.pop(TOKEN_ENV, None)
+    client = AsyncClient(args.endpoint, timeout=default_timeout, retry_unanswered=False)
+    catalog = Catalog(client)
+    await catalog.refresh()
+    refresher = loop.create_task(catalog.run())
+    front = Front(client, catalog, default_timeout, token.encode() if token else None,
+                  _version())
+    access = (lambda line: log.info("http_request", line=line)) \
+        if settings.get("access_log") else None
+    limits = Limits(int(settings.get("max_body_size", 64 * 1024**2)),
+                    float(settings.get("request_timeout", 30.0)),
+                    float(settings.get("keepalive_timeout", 5.0)),
+                    int(settings.get("max_connections", 1000)), access)
+    connections = Connections()
+    server = await loop.create_server(lambda: HttpConnection(front, limits, connections),
+                                      sock=sock, ssl=context)
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    log.info("front_started", pid=os.getpid(), slot=args.slot)
+    await stop.wait()
+    server.close()  # this process stops accepting; the socket stays the daemon's
+    connections.drain()
+    await connections.empty.wait()
+    refresher.cancel()
+    await client.close()
+    log.info("front_stopped", pid=os.getpid(), slot=args.slot)
+    return 0
+
+
+def _tls(settings: dict[str, Any]) -> ssl.SSLContext | None:
+    if not settings.get("tls_cert"):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings["tls_cert"], settings["tls_key"])
+    return context
+
+
+def _version() -> str:
+    try:
+        return metadata.version("tfsupervisor")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
