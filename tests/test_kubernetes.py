@@ -833,7 +833,7 @@ def strict(node: Any) -> Any:
     default): a field the schema does not declare is an error, not silently pruned. Every
     object schema with properties refuses others, unless it preserves unknown fields."""
     if isinstance(node, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in node.items():
             if key in ("properties", "$defs"):
                 out[key] = {k: strict(v) for k, v in value.items()}

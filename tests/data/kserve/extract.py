@@ -62,7 +62,7 @@ def factored(schema: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             if is_schema and not top and text(node) in names:
                 return {"$ref": f"#/$defs/{names[text(node)]}"}
-            out = {}
+            out: dict[str, Any] = {}
             for key, value in node.items():
                 if key == "properties":
                     out[key] = {k: rewrite(v, True) for k, v in value.items()}
@@ -74,7 +74,7 @@ def factored(schema: dict[str, Any]) -> dict[str, Any]:
                     out[key] = value
             return out
         return node
-    result = rewrite(schema, False)
+    result: dict[str, Any] = rewrite(schema, False)
     result["$defs"] = {name: rewrite(json.loads(t), True, top=True)
                        for t, name in sorted(names.items(), key=lambda item: item[1])}
     return result
