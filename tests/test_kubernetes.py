@@ -14,6 +14,9 @@
   period against the daemon's own drain deadline, probes (httpGet on the metrics port)
   against the daemon's answers, preStop against the CLI, the config's endpoints, ports,
   selectors, and the KEDA triggers against the metrics the daemon exports.
+- The KServe example (deploy/kubernetes/kserve/: a ServingRuntime and an InferenceService)
+  validates against the schemas of KServe's own CRDs (tests/data/kserve/), strictly, and its
+  config against the runtime's container: the HTTP port, probes, memory, grace period.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from supervisor.cli.commands import build_parser
 from supervisor.cli.commands import main as cli_main
 from supervisor.config.keys import Config
 from supervisor.config.loading import load_config, parse_config
+from supervisor.config.settings import ConfigErrors
 from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.core.core import EXIT_MARGIN, Core
 from supervisor.core.lifecycle import STOP_GRACE
@@ -108,6 +112,35 @@ def config_mount(objects: list[dict[str, Any]]) -> str:
     (mount,) = [m["mountPath"] for m in container(objects)["volumeMounts"]
                 if m["name"] == volume]
     return str(mount)
+
+
+def http_enabled(text: str) -> tuple[str, dict[str, Any]]:
+    """(the config's text with its supervisor.http block on, that block). A config may carry
+    the block commented out (`  # http:` and its `  #   key: value` lines) until the daemon
+    knows the key: it is uncommented here, so that it is checked all the same."""
+    http = (yaml.safe_load(text).get("supervisor") or {}).get("http")
+    if http is not None:
+        return text, dict(http)
+    found = re.search(r"^  # http:\n(?:  #   .*\n)+", text, flags=re.M)
+    assert found, "no supervisor.http block, not even commented out"
+    block = re.sub(r"^  # ?", "  ", found.group(0), flags=re.M)
+    text = text[:found.start()] + block + text[found.end():]
+    return text, dict(yaml.safe_load(text)["supervisor"]["http"])
+
+
+def parse_with_http(text: str, file: Path | None = None) -> Config:
+    """The config through the daemon's own loader, supervisor.http included. Until the
+    loader knows that key (issue 44) it must refuse it and nothing else; the rest of the
+    config is then loaded without it."""
+    try:
+        return parse_config(text, file)
+    except ConfigErrors as refused:
+        data = yaml.safe_load(text)
+        if [(e.path, "unknown key" in e.message) for e in refused.errors] != [
+                ("supervisor.http", True)]:
+            raise
+    del data["supervisor"]["http"]
+    return parse_config(yaml.safe_dump(data, sort_keys=False), file)
 
 
 def quantity(text: str | int) -> float:
@@ -535,6 +568,14 @@ def test_ports_and_selectors_line_up(variant: str) -> None:
     objects = rendered(variant)
     config = config_of(objects)
     ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    # The HTTP front: the config's listen address (its block, commented out until the
+    # daemon knows supervisor.http) is the container's `http` port, 8080 as KServe has it,
+    # on the pod's IP, and plain HTTP there only by an explicit insecure (else TLS files).
+    live, http = http_enabled(config_text(objects))
+    parse_with_http(live, Path(f"{config_mount(objects)}/config.yaml"))  # valid, the block on
+    host, _, port = http["listen"].rpartition(":")
+    assert host == "0.0.0.0" and ports["http"] == int(port) == 8080, http
+    assert http.get("insecure") is True or (http.get("tls_cert") and http.get("tls_key"))
     (endpoint,) = config.supervisor.endpoints
     assert endpoint.startswith("tcp://0.0.0.0:") and config.supervisor.curve.enabled
     assert ports["jobs"] == int(endpoint.rpartition(":")[2])
@@ -548,7 +589,8 @@ def test_ports_and_selectors_line_up(variant: str) -> None:
     assert service["spec"]["clusterIP"] == "None"  # headless: every pod's address
     assert service["spec"]["selector"].items() <= labels.items()
     assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
-        "jobs": "jobs", "metrics": "metrics"}
+        "jobs": "jobs", "metrics": "metrics", "http": "http"}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"] == ports["http"]
     pdb = one(objects, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     monitor = one(objects, "ServiceMonitor")
@@ -771,3 +813,174 @@ def test_the_documented_pods_client_keeps_its_client_when_a_resolve_fails() -> N
     answers.append(["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"])
     assert pods.infer("demo", {}) == ["tcp://10.0.0.2:5555", "tcp://10.0.0.3:5555"]
     assert FakeClient.made[0].closed and not FakeClient.made[1].closed
+
+
+# --- the KServe example ------------------------------------------------------------------------
+
+KSERVE = DEPLOY / "kserve"
+# openAPIV3Schema of KServe's CRDs, descriptions stripped (tests/data/kserve/README.md).
+KSERVE_SCHEMAS = {
+    ("serving.kserve.io/v1alpha1", "ServingRuntime"): "servingruntime-v1alpha1.json",
+    ("serving.kserve.io/v1beta1", "InferenceService"): "inferenceservice-v1beta1.json"}
+# KServe's protocol versions (InferenceServiceProtocol, pkg/constants/constants.go): the CRDs
+# type protocolVersions and protocolVersion as plain strings, so the schema lets a typo by.
+KSERVE_PROTOCOLS = {"v1", "v2", "grpc-v1", "grpc-v2"}
+KSERVE_CONTAINER = "kserve-container"  # the predictor's container, by KServe's name
+
+
+def strict(node: Any) -> Any:
+    """A CRD schema as the API server applies it under strict field validation (kubectl's
+    default): a field the schema does not declare is an error, not silently pruned. Every
+    object schema with properties refuses others, unless it preserves unknown fields."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in ("properties", "$defs"):
+                out[key] = {k: strict(v) for k, v in value.items()}
+            elif key in ("items", "additionalProperties", "not"):
+                out[key] = strict(value)
+            elif key in ("allOf", "anyOf", "oneOf"):
+                out[key] = [strict(v) for v in value]
+            else:
+                out[key] = value
+        if "properties" in out and "additionalProperties" not in out and \
+                not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+    return node
+
+
+def kserve_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator:
+    file = REPO / "tests" / "data" / "kserve" / KSERVE_SCHEMAS[(api_version, kind)]
+    schema = strict(json.loads(file.read_text()))
+    schema["properties"]["apiVersion"] = {"const": api_version}
+    schema["properties"]["kind"] = {"const": kind}
+    schema["properties"]["metadata"] = OBJECT_META  # the CRD says only `type: object`
+    schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_kserve(obj: dict[str, Any]) -> None:
+    if (obj["apiVersion"], obj["kind"]) in KSERVE_SCHEMAS:
+        kserve_validator(obj["apiVersion"], obj["kind"]).validate(obj)
+    else:
+        for version in KUBERNETES:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def kserve_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """What KServe's controller would refuse or mismatch that the CRD schema lets by."""
+    runtime = one(objects, "ServingRuntime")
+    service = one(objects, "InferenceService")
+    model = service["spec"]["predictor"]["model"]
+    problems = []
+    unknown = set(runtime["spec"]["protocolVersions"]) - KSERVE_PROTOCOLS
+    if unknown:
+        problems.append(f"unknown protocolVersions {sorted(unknown)}")
+    if model.get("protocolVersion") not in runtime["spec"]["protocolVersions"]:
+        problems.append(f"protocolVersion {model.get('protocolVersion')!r} not the runtime's")
+    if model.get("runtime") != runtime["metadata"]["name"]:
+        problems.append(f"runtime {model.get('runtime')!r} is not {runtime['metadata']['name']}")
+    formats = {(f["name"], f.get("version")) for f in runtime["spec"]["supportedModelFormats"]}
+    wanted = (model["modelFormat"]["name"], model["modelFormat"].get("version"))
+    if wanted not in formats:
+        problems.append(f"modelFormat {wanted} not in the runtime's {sorted(formats)}")
+    if [c["name"] for c in runtime["spec"]["containers"]] != [KSERVE_CONTAINER]:
+        problems.append(f"the runtime's container is not named {KSERVE_CONTAINER}")
+    return problems
+
+
+def test_the_kserve_example_validates_against_kserves_crds(no_network: None) -> None:
+    objects = render(KSERVE)
+    assert sorted(o["kind"] for o in objects) == [
+        "ConfigMap", "InferenceService", "ServingRuntime"]
+    for obj in objects:
+        validate_kserve(obj)
+    assert kserve_problems(objects) == []
+    assert one(objects, "InferenceService")["spec"]["predictor"]["model"][
+        "protocolVersion"] == "v2"
+
+
+def test_kserve_validation_catches_mistakes(no_network: None) -> None:
+    """The CRD schemas bite: a port as a string, a misspelt field, a missing required
+    field; and an unknown protocol version (a plain string in the CRDs) is caught by the
+    cross-checks."""
+    objects = render(KSERVE)
+    runtime, service = one(objects, "ServingRuntime"), one(objects, "InferenceService")
+    broken: list[tuple[dict[str, Any], str, Any]] = [
+        (runtime, "spec.containers.0.ports.0.containerPort", "8080"),
+        (runtime, "spec.supportedModelFormats.0", {"version": "2"}),
+        (runtime, "spec.containers.0.readinessprobe", {}),
+        (service, "spec.predictor.model.protocolversion", "v2"),
+        (service, "spec.predictor.model.modelFormat", {"version": "2"}),
+        (service, "spec.predictor.minReplicas", "1"),
+        (service, "spec.predictor.model.protocolVersion", ["v2"]),
+    ]
+    for obj, path, value in broken:
+        changed = copy.deepcopy(obj)
+        *parents, last = path.split(".")
+        node: Any = changed
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = value
+        with pytest.raises(jsonschema.ValidationError) as refused:
+            validate_kserve(changed)
+        where = [str(part) for part in refused.value.absolute_path]
+        assert where in (parents, [*parents, last]), (path, where)  # refused for that field
+    no_spec = copy.deepcopy(runtime)
+    del no_spec["spec"]["containers"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate_kserve(no_spec)
+    for field, value in (("protocolVersion", "v3"), ("runtime", "kserve-tritonserver"),
+                         ("modelFormat", {"name": "onnx"})):
+        changed = copy.deepcopy(service)
+        changed["spec"]["predictor"]["model"][field] = value
+        validate_kserve(changed)  # the schema takes it...
+        assert kserve_problems([runtime, changed])  # ...the cross-checks do not
+    grpc = copy.deepcopy(runtime)
+    grpc["spec"]["protocolVersions"] = ["v2", "v3"]
+    assert kserve_problems([grpc, service])
+
+
+def test_the_kserve_runtime_serves_what_its_config_says() -> None:
+    """The runtime's container against its config.yaml, read with the daemon's own loader:
+    the HTTP front listens on the one container port (8080, KServe's) on the pod's IP, the
+    probes ask the front there, the model is named as the InferenceService (its v2 URL), and
+    the memory, grace period and metrics port line up as in the base Deployment."""
+    objects = render(KSERVE)
+    runtime, service = one(objects, "ServingRuntime"), one(objects, "InferenceService")
+    (serving,) = runtime["spec"]["containers"]
+    # The image's ENTRYPOINT is `tfsupervisor run`; the config where the ConfigMap is mounted.
+    args = build_parser().parse_args(["run", *serving["args"]])
+    assert args.command == "run"
+    config_dir, _, config_name = args.config.rpartition("/")
+    (mount,) = [m for m in serving["volumeMounts"] if m["mountPath"] == config_dir]
+    (volume,) = [v for v in runtime["spec"]["volumes"] if v["name"] == mount["name"]]
+    configmap = one(objects, "ConfigMap")
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    config = parse_with_http(configmap["data"][config_name], Path(args.config))
+    _, http = http_enabled(configmap["data"][config_name])
+    (port,) = serving["ports"]
+    host, _, listen = http["listen"].rpartition(":")
+    assert host == "0.0.0.0" and int(listen) == port["containerPort"] == 8080, http
+    assert port.get("name") in (None, "http1", "h2c")  # Knative's names for the one port
+    assert http.get("insecure") is True or (http.get("tls_cert") and http.get("tls_key"))
+    for kind in ("readinessProbe", "livenessProbe"):
+        get = serving[kind]["httpGet"]
+        assert get["port"] == port["containerPort"] and "host" not in get, kind
+        assert get["path"].startswith("/v2/health/"), kind
+        assert 1 <= serving[kind]["timeoutSeconds"] < serving[kind]["periodSeconds"], kind
+    assert serving["livenessProbe"]["initialDelaySeconds"] >= config.supervisor.start_timeout
+    assert list(config.models) == [service["metadata"]["name"]]
+    for model in config.models.values():
+        assert model.saved_model and model.saved_model.startswith(
+            (MODELS_IN_IMAGE + "/", "/mnt/models"))
+    predictor = service["spec"]["predictor"]
+    assert memory_problems(config, predictor["model"]["resources"]) == []
+    assert predictor["terminationGracePeriodSeconds"] >= \
+        config.supervisor.shutdown_timeout + STOP_GRACE + EXIT_MARGIN
+    assert predictor["minReplicas"] >= 1  # a cold start warms every worker first
+    assert config.supervisor.metrics and runtime["spec"]["annotations"][
+        "prometheus.kserve.io/port"] == config.supervisor.metrics.rpartition(":")[2]
+    assert serving["image"].partition(":")[0] == image_of(rendered("base")).partition(":")[0]
