@@ -11,6 +11,9 @@ import json
 import os
 import signal
 import socket
+import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -407,11 +410,35 @@ def test_bearer_token_and_listening_rules(tmp_path: Any) -> None:
     try:
         sup.wait_ready()
         wait_http_ready(port)  # health needs no token
-        status, headers, raw = request(port, "GET", "/v2/models/echo")
+        status, headers, _ = request(port, "GET", "/v2/models/echo")
         assert status == 401 and headers["www-authenticate"] == "Bearer"
         assert request(port, "GET", "/v2/models/echo",
                        headers={"Authorization": "Bearer wrong"})[0] == 401
         assert request(port, "GET", "/v2/models/echo",
                        headers={"Authorization": "Bearer s3cret"})[0] == 200
+    finally:
+        sup.stop()
+
+
+def test_fronts_reach_a_daemon_whose_frontend_speaks_curve(tmp_path: Any) -> None:
+    """Under supervisor.curve the fronts get a key pair of their own at each start, which
+    the daemon admits beside the configured clients, and which a reload keeps."""
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "supervisor", "keygen", str(keys)], check=True,
+                   capture_output=True)
+    port = free_port()
+    sup = start_supervisor({"supervisor": {
+        "http": http_config(port, processes=1),
+        "curve": {"server_secret_key": str(keys / "server.key_secret"),
+                  "authorized_clients": str(keys / "authorized_clients")}},
+        "models": {"echo": echo_model(1)}})
+    try:
+        sup.wait_ready()
+        wait_http_ready(port)
+        assert _infer_ok(port)
+        sup.admin("reload")  # raises if refused; the fronts' key stays admitted
+        assert _infer_ok(port)
+        secret = sup.runtime_dir / "private" / "front.key_secret"
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     finally:
         sup.stop()

@@ -44,7 +44,6 @@ from supervisor.cli.commands import build_parser
 from supervisor.cli.commands import main as cli_main
 from supervisor.config.keys import Config
 from supervisor.config.loading import load_config, parse_config
-from supervisor.config.settings import ConfigErrors
 from supervisor.core.budget import Budget, CgroupMemory, sizing_problem
 from supervisor.core.core import EXIT_MARGIN, Core
 from supervisor.core.lifecycle import STOP_GRACE
@@ -129,18 +128,8 @@ def http_enabled(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def parse_with_http(text: str, file: Path | None = None) -> Config:
-    """The config through the daemon's own loader, supervisor.http included. Until the
-    loader knows that key (issue 44) it must refuse it and nothing else; the rest of the
-    config is then loaded without it."""
-    try:
-        return parse_config(text, file)
-    except ConfigErrors as refused:
-        data = yaml.safe_load(text)
-        if [(e.path, "unknown key" in e.message) for e in refused.errors] != [
-                ("supervisor.http", True)]:
-            raise
-    del data["supervisor"]["http"]
-    return parse_config(yaml.safe_dump(data, sort_keys=False), file)
+    """The config through the daemon's own loader, supervisor.http included."""
+    return parse_config(text, file)
 
 
 def quantity(text: str | int) -> float:

@@ -537,11 +537,6 @@ class SupervisorSection:
             errors.extend(_metrics_address(f"{path}.metrics", self.metrics))
         if not (self.curve.enabled or self.insecure):
             errors.extend(_exposed(path, self.endpoints, self.control, self.admin))
-        if self.curve.enabled and self.http.listen is not None:
-            errors.append(ConfigError(f"{path}.http", "the HTTP front does not run beside "
-                                      "supervisor.curve yet (its processes reach the daemon "
-                                      "on the frontend socket, which CURVE closes to them): "
-                                      "serve HTTP from a supervisor without curve"))
         if self.curve.enabled and self.admin.startswith("tcp://") and \
                 self.curve.admin_clients is None:
             errors.append(ConfigError(f"{path}.admin", "a TCP admin endpoint needs "

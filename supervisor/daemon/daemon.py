@@ -43,6 +43,7 @@ from supervisor.daemon.signals import SignalInbox
 from supervisor.daemon.tree import Trees
 from supervisor.daemon.worker_output import WorkerOutput
 from supervisor.shared import linux, logs
+from supervisor.shared.certificates import load_certificate
 from supervisor.shared.exitcodes import DaemonExit, WorkerExit
 from supervisor.shared.protocol import (
     CONTROL,
@@ -111,6 +112,7 @@ class Daemon:
         self.reporter.metrics.registry.register(self.resources)
         self.fronts: Fronts | None = None  # the HTTP front processes, when http.listen is set
         self.fronts_deadline: float | None = None  # after the drain: fronts get until then
+        self.front_key: tuple[bytes, Path] | None = None  # their CURVE pair, under curve
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
@@ -160,6 +162,9 @@ class Daemon:
         with startup.step(f"endpoint {sup.control}", runtime_dir=True):
             self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
+            if sup.http.listen:
+                with startup.step("the HTTP fronts' key pair", runtime_dir=True):
+                    self.front_key = security.front_certificate(private)
             self._curve(sup)
         for endpoint in sup.endpoints:
             self._bind(self.frontend, endpoint, gid)
@@ -178,15 +183,23 @@ class Daemon:
         private = Path(self.config.backend[len("ipc://"):]).parent
         endpoint = f"ipc://{private}/fronts.sock"
         self._bind(self.frontend, endpoint, None, shared=False)
+        curve = None
+        if self.front_key is not None and sup.curve.server_secret_key is not None:
+            server = load_certificate(sup.curve.server_secret_key)[0]
+            curve = (server.decode(), str(self.front_key[1]))
         self.fronts = Fronts(sup.http, endpoint, private / "front-metrics", sup.log_level,
-                             self.log_format)
+                             self.log_format, curve)
         with startup.step(f"supervisor.http.listen {sup.http.listen}"):
             self.fronts.bind()
         self.reporter.metrics.registry.register(self.fronts.collector())
 
+    def _front_public(self) -> bytes | None:
+        return self.front_key[0] if self.front_key is not None else None
+
     def _curve(self, sup: SupervisorSection) -> None:
         with startup.step("supervisor.curve"):
-            self.zap = security.start_zap(self.context, security.read_clients(sup.curve))
+            self.zap = security.start_zap(self.context, security.with_front(
+                security.read_clients(sup.curve), self._front_public()))
             security.make_curve_server(self.frontend, sup.curve)
             if sup.control.startswith("tcp://"):
                 security.make_curve_server(self.control, sup.curve)
@@ -638,7 +651,7 @@ class Daemon:
         if self.zap is None or read.keys is None:
             return ""
         keys, problems = read.keys
-        security.install_clients(self.zap, keys)
+        security.install_clients(self.zap, security.with_front(keys, self._front_public()))
         if not problems:
             return ""
         log.error("curve_keys_skipped", problems=problems,

@@ -55,8 +55,10 @@ class FrontProcess:
 
 class Fronts:
     def __init__(self, settings: HttpSection, endpoint: str, metrics_dir: Path,
-                 log_level: str, log_format: str) -> None:
+                 log_level: str, log_format: str,
+                 curve: tuple[str, str] | None = None) -> None:
         self.settings, self.endpoint, self.metrics_dir = settings, endpoint, metrics_dir
+        self.curve = curve  # (the daemon's public key, the fronts' secret certificate)
         self.log_settings = {"log_level": log_level, "log_format": log_format}
         self.sock: socket.socket | None = None
         self.token: str | None = None
@@ -156,6 +158,8 @@ class Fronts:
                "TFS_HTTP_SETTINGS": json.dumps(self._front_settings())}
         if self.token:
             env["TFS_HTTP_TOKEN"] = self.token
+        if self.curve is not None:
+            env["TFS_FRONT_CURVE"] = json.dumps(self.curve)
         command = [sys.executable, "-m", "supervisor.front", "--fd", str(self.sock.fileno()),
                    "--endpoint", self.endpoint, "--slot", str(front.slot),
                    "--parent", str(os.getpid())]

@@ -139,6 +139,28 @@ def _public_key(file: Path) -> bytes:
     return public
 
 
+def front_certificate(directory: Path) -> tuple[bytes, Path]:
+    """A key pair for the HTTP fronts, made at each start and never reused: the public key
+    (for the ZAP domain clients use) and the secret certificate file, readable by the service
+    user only, in pyzmq's certificate format."""
+    public, secret = zmq.curve_keypair()
+    path = directory / "front.key_secret"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(f'metadata\ncurve\n    public-key = "{public.decode()}"\n'
+                   f'    secret-key = "{secret.decode()}"\n')
+    return public, path
+
+
+def with_front(keys: dict[str, dict[bytes, bool]],
+               front: bytes | None) -> dict[str, dict[bytes, bool]]:
+    """The admitted keys, the fronts' own added to the clients' domain."""
+    if front is None:
+        return keys
+    return {**keys, ZAP_DOMAIN: {**keys.get(ZAP_DOMAIN, {}), front: True}}
+
+
 def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:
     """Replace the admitted keys, every domain at once (read them with read_clients)."""
     handler.allow_any = False

@@ -30,6 +30,7 @@ log = logs.get("supervisor.front")
 
 SETTINGS_ENV = "TFS_HTTP_SETTINGS"  # the http section, as JSON
 TOKEN_ENV = "TFS_HTTP_TOKEN"  # the bearer token, when token_file is set (never on argv)
+CURVE_ENV = "TFS_FRONT_CURVE"  # under supervisor.curve: the daemon's key, the fronts' cert
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +65,10 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     context = _tls(settings)
     default_timeout = float(settings.get("default_timeout", 60.0))
     token = os.environ.pop(TOKEN_ENV, None)
-    client = AsyncClient(args.endpoint, timeout=default_timeout, retry_unanswered=False)
+    server_key, client_cert = json.loads(os.environ.get(CURVE_ENV, "[null, null]"))
+    client = AsyncClient(args.endpoint, timeout=default_timeout, retry_unanswered=False,
+                         server_key=server_key.encode() if server_key else None,
+                         client_cert=client_cert)
     catalog = Catalog(client)
     await catalog.refresh()
     refresher = loop.create_task(catalog.run())
