@@ -1,0 +1,120 @@
+"""The HTTP front on real TensorFlow workers: the demo MLP (SavedModel) and the demo text
+encoder (token ids of any length, padded and batched), called with the real tritonclient
+(binary and JSON), TF Serving-style requests and curl-style JSON; every answer equal to the
+ZeroMQ client's for the same input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+import yaml
+
+from supervisor.client import Client
+from supervisor.testing import Supervisor, short_tmpdir, start_supervisor
+from tests.test_health import free_port
+from tests.test_http_front import request, wait_http_ready
+
+pytestmark = pytest.mark.tf
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "text.yaml"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Supervisor, int]]:
+    path = short_tmpdir()
+    for args in (["demo-model", str(path / "demo")],
+                 ["demo-model", "--text", str(path / "text")]):
+        subprocess.run([sys.executable, "-m", "supervisor", *args], check=True,
+                       capture_output=True)
+    text = yaml.safe_load(EXAMPLE.read_text())["models"]["text"]
+    port = free_port()
+    sup = start_supervisor({
+        "supervisor": {"http": {"listen": f"127.0.0.1:{port}", "processes": 1}},
+        "models": {"demo": {"saved_model": str(path / "demo"), "workers": 1},
+                   "text": {**text, "saved_model": str(path / "text"), "workers": 1}}})
+    try:
+        sup.wait_ready(300)
+        wait_http_ready(port)
+        yield sup, port
+    finally:
+        sup.stop()
+
+
+def test_demo_mlp_over_tritonclient_binary_and_json(served: tuple[Supervisor, int]) -> None:
+    sup, port = served
+    x = np.random.default_rng(3).random((5, 64), dtype=np.float32)
+    with Client(sup.endpoint, timeout=30) as zmq_client:
+        expected = zmq_client.infer("demo", {"features": x})["output_0"]
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    meta = client.get_model_metadata("demo")
+    assert meta["platform"] == "tensorflow_savedmodel"
+    assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 64]}]
+    for binary in (True, False):
+        features = triton.InferInput("features", [5, 64], "FP32")
+        features.set_data_from_numpy(x, binary_data=binary)
+        out = triton.InferRequestedOutput("output_0", binary_data=binary)
+        got = client.infer("demo", [features], outputs=[out]).as_numpy("output_0")
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_demo_mlp_as_tf_serving_and_curl_call_it(served: tuple[Supervisor, int]) -> None:
+    sup, port = served
+    x = np.random.default_rng(4).random((2, 64), dtype=np.float32)
+    with Client(sup.endpoint, timeout=30) as zmq_client:
+        expected = zmq_client.infer("demo", {"features": x})["output_0"]
+    status, _, raw = request(port, "POST", "/v1/models/demo:predict",
+                             {"instances": x.tolist()})
+    assert status == 200, raw
+    np.testing.assert_allclose(json.loads(raw)["predictions"], expected, rtol=1e-6)
+    status, _, raw = request(port, "POST", "/v2/models/demo/infer", {"inputs": [
+        {"name": "features", "shape": [2, 64], "datatype": "FP32", "data": x.tolist()}]})
+    assert status == 200, raw
+    np.testing.assert_allclose(np.array(json.loads(raw)["outputs"][0]["data"]).reshape(2, 1),
+                               expected, rtol=1e-6)
+
+
+def test_text_encoder_variable_lengths_over_http_equal_zeromq(
+        served: tuple[Supervisor, int]) -> None:
+    """Lengths across the padding sizes, sent at once from several threads so they share
+    batches: each answer is the ZeroMQ client's for the same ids."""
+    sup, port = served
+    rng = np.random.default_rng(5)
+    jobs = [rng.integers(1, 1000, (1, int(n))).astype(np.int32)
+            for n in rng.integers(1, 250, 24)]
+    with Client(sup.endpoint, timeout=60) as zmq_client:
+        expected = [zmq_client.infer("text", {"input_ids": ids}) for ids in jobs]
+    got: dict[int, dict[str, np.ndarray]] = {}
+
+    def call(i: int) -> None:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        ids = triton.InferInput("input_ids", list(jobs[i].shape), "INT32")
+        ids.set_data_from_numpy(jobs[i])
+        result = client.infer("text", [ids])
+        got[i] = {o["name"]: result.as_numpy(o["name"])
+                  for o in result.get_response()["outputs"]}
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == list(range(len(jobs)))
+    for i, want in enumerate(expected):
+        assert set(got[i]) == set(want)
+        for name in want:
+            np.testing.assert_allclose(got[i][name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_text_model_metadata_names_the_variable_length(served: tuple[Supervisor, int]) -> None:
+    _, port = served
+    meta: dict[str, Any] = json.loads(request(port, "GET", "/v2/models/text")[2])
+    assert meta["inputs"] == [{"name": "input_ids", "datatype": "INT32", "shape": [-1, -1]}]
