@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "text.yaml"
 def served() -> Iterator[tuple[Supervisor, int]]:
     path = short_tmpdir()
     for args in (["demo-model", str(path / "demo")],
-                 ["demo-model", "--text", str(path / "text")]):
+                 ["demo-model", "--text", str(path / "text")],
+                 ["demo-model", str(path / "versioned" / "1")]):
         subprocess.run([sys.executable, "-m", "supervisor", *args], check=True,
                        capture_output=True)
     text = yaml.safe_load(EXAMPLE.read_text())["models"]["text"]
@@ -40,10 +42,12 @@ def served() -> Iterator[tuple[Supervisor, int]]:
     sup = start_supervisor({
         "supervisor": {"http": {"listen": f"127.0.0.1:{port}", "processes": 1}},
         "models": {"demo": {"saved_model": str(path / "demo"), "workers": 1},
-                   "text": {**text, "saved_model": str(path / "text"), "workers": 1}}})
+                   "text": {**text, "saved_model": str(path / "text"), "workers": 1},
+                   "versioned": {"saved_model": str(path / "versioned"), "workers": 1}}})
     try:
         sup.wait_ready(300)
         wait_http_ready(port)
+        sup.models_path = path  # type: ignore[attr-defined]
         yield sup, port
     finally:
         sup.stop()
@@ -118,3 +122,39 @@ def test_text_model_metadata_names_the_variable_length(served: tuple[Supervisor,
     _, port = served
     meta: dict[str, Any] = json.loads(request(port, "GET", "/v2/models/text")[2])
     assert meta["inputs"] == [{"name": "input_ids", "datatype": "INT32", "shape": [-1, -1]}]
+
+
+def test_tf_serving_layout_serves_the_highest_version_and_rolls_onto_a_new_one(
+        served: tuple[Supervisor, int]) -> None:
+    """A model path of numeric version directories: the highest is served and named in
+    both APIs; a new version directory rolls the workers onto it, serving throughout."""
+    sup, port = served
+    x = np.random.default_rng(6).random((2, 64), dtype=np.float32)
+
+    def version_status() -> list[dict[str, Any]]:
+        doc: dict[str, Any] = json.loads(request(port, "GET", "/v1/models/versioned")[2])
+        return list(doc["model_version_status"])
+
+    def predict() -> list[Any]:
+        status, _, raw = request(port, "POST", "/v1/models/versioned:predict",
+                                 {"instances": x.tolist()})
+        assert status == 200, raw
+        return list(json.loads(raw)["predictions"])
+
+    assert version_status()[0]["version"] == "1"
+    assert json.loads(request(port, "GET", "/v2/models/versioned")[2])["versions"] == ["1"]
+    first = predict()
+    root = sup.models_path / "versioned"  # type: ignore[attr-defined]
+    staging = root.parent / "staging"
+    subprocess.run([sys.executable, "-c", "import sys; from worker import demo_model; "
+                    "demo_model.save(sys.argv[1], seed=99)", str(staging)], check=True,
+                   capture_output=True)
+    staging.rename(root / "2")  # appears whole, as a deployment should make it appear
+    deadline = time.monotonic() + 120
+    while version_status()[0]["version"] != "2" and time.monotonic() < deadline:
+        predict()  # served throughout the roll (it asserts 200)
+        time.sleep(0.2)
+    assert version_status()[0] == {"version": "2", "state": "AVAILABLE",
+                                   "status": {"error_code": "OK", "error_message": ""}}
+    assert predict() != first
+    assert request(port, "GET", "/v2/models/versioned/versions/2")[0] == 200

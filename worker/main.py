@@ -183,6 +183,8 @@ def serve(spec: WorkerSpec, runner: Runner, warm: float, stop: StopFlag) -> int:
                           spec.parent_pid, spec.secret, probes)
     ready = {"worker": worker_id, "pid": os.getpid(), "warmup_seconds": round(warm, 3),
              "inputs": _wire(runner.client_inputs), "outputs": _wire(runner.outputs)}
+    if runner.version is not None:
+        ready["version"] = runner.version
     sock.send_multipart(encode(signed(Message(READY, b"", ready), spec.secret)))
     heartbeat.start()
     code = WorkerExit.OK

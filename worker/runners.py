@@ -11,12 +11,14 @@ import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from supervisor.shared.padding import PadDim, generated_inputs
 from supervisor.shared.protocol import DTYPES, TensorSpec
+from supervisor.shared.versions import served_version
 from worker.direct_call import direct_call
 
 Arrays = dict[str, np.ndarray]
@@ -37,6 +39,7 @@ class Runner:
     padding: tuple[PadDim, ...] = ()  # variable-length dimensions padded per batch
     # A cheaper call of the same model, used once proven (worker/direct_call.py)
     direct: Callable[[Arrays], Mapping[str, Any]] | None = None
+    version: int | None = None  # the version directory loaded (TF Serving's layout)
 
     @property
     def client_inputs(self) -> list[TensorSpec] | None:
@@ -73,9 +76,12 @@ def _spec(name: str, tensor_spec: Any) -> TensorSpec:
     return TensorSpec(name, dtype, dims)
 
 
-def load_saved_model(path: str, signature: str) -> Runner:
+def load_saved_model(root: str, signature: str) -> Runner:
+    """The SavedModel at ``root``, or the highest version under it (TF Serving's layout)."""
     import tensorflow as tf
 
+    found, version = served_version(Path(root))
+    path = str(found)
     try:
         loaded = tf.saved_model.load(path)
     except (OSError, ValueError) as exc:
@@ -92,7 +98,8 @@ def load_saved_model(path: str, signature: str) -> Runner:
         result = fn(**{name: tf.constant(value) for name, value in arrays.items()})
         return {name: tensor.numpy() for name, tensor in result.items()}
 
-    return Runner(call, inputs, outputs, keepalive=loaded, direct=direct_call(fn))
+    return Runner(call, inputs, outputs, keepalive=loaded, direct=direct_call(fn),
+                  version=version)
 
 
 def load_keras(path: str) -> Runner:

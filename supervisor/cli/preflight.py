@@ -15,6 +15,7 @@ from supervisor.core.budget import Budget, sizing_problem
 from supervisor.daemon import security
 from supervisor.daemon.cgroup import CgroupReader
 from supervisor.shared.certificates import load_certificate
+from supervisor.shared.versions import is_saved_model, served_version
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ def _model(where: str, model: ModelConfig, beside: Path | None) -> list[Finding]
     kind, location = model.source
     if kind == "saved_model":
         path = Path(location)
-        if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
-            what = "no such directory" if not path.exists() else "no saved_model.pb in it"
+        if not is_saved_model(served_version(path)[0]):
+            what = "no such directory" if not path.exists() else \
+                "no saved_model.pb in it, nor in a numeric version directory"
             return [Finding(True, f"{where}.saved_model", f"{location}: {what}")]
     elif kind == "keras":
         if not Path(location).is_file():

@@ -170,7 +170,7 @@ class Core:
                             "workers": state.config.workers,
                             "available": self.pool.available(name),
                             "failing_to_start": state.unavailable,
-                            "kind": state.config.source[0]}
+                            "kind": state.config.source[0], "version": state.version}
         stopping = self.shutdown_started is not None
         reason = not_ready_reason({**self.published, "stopping": stopping}, None, errors=False)
         return {"models": models,
@@ -286,6 +286,8 @@ class Core:
         state.inputs = inputs if inputs is not None else state.inputs
         state.outputs = outputs if outputs is not None else state.outputs
         state.serving_dims = worker.pad_dims
+        version = header.get("version")
+        state.version = version if type(version) is int and 0 <= version < 2**63 else None
         log.info("worker_ready", model=worker.model, worker=worker.id, pid=worker.pid,
                  warmup_seconds=worker.warmup_seconds, **padding_checked(worker, inputs))
         # Judged before its first job: a fresh worker over max_memory never takes one.
@@ -400,6 +402,11 @@ class Core:
 
     def recycle(self, model: str, worker_id: str | None) -> list[str]:
         return self.recycler.request(model, worker_id, Reason.MANUAL)
+
+    def roll(self, model: str) -> list[str]:
+        """Replace a model's workers, one at a time, because what they load changed on
+        disk (a new version directory): a reload's recycle, for that model alone."""
+        return self.recycler.request(model, None, Reason.RELOAD)
 
     def shutdown(self, now: float, signal_name: str) -> None:
         """Drain and stop. A second SIGINT (Ctrl-C again: a person who will not wait) forces

@@ -123,6 +123,8 @@ class ModelState:
     # (one that never loads leaves admission as it was, and the old workers serve on).
     serving_dims: tuple[PadDim, ...] | None = None
     failures: int = 0  # consecutive workers that could not serve (boot, or over the limit)
+    # The version directory its last ready worker loaded (a TF Serving layout), else None.
+    version: int | None = None
     backoff_until: float = 0.0
     last_error: str | None = None
     # Bumped by every reload that replaces its workers' settings: a worker of an earlier

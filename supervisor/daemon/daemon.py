@@ -672,10 +672,21 @@ class Daemon:
         self.code.next_check = self.clock() + CHECK  # just read
 
     def _watch_code(self, now: float) -> None:
+        """Fingerprints of the models on disk, for `status`; a model served from a TF
+        Serving layout (version directories) is rolled when its directory changes, as TF
+        Serving loads a new version by itself."""
         found = self.code.due(self.config, now)
         for name, fingerprint in (found or {}).items():
-            if name in self.core.pool.models:
-                self.core.pool.models[name].code_on_disk = fingerprint
+            state = self.core.pool.models.get(name)
+            if state is None:
+                continue
+            changed = state.code_on_disk is not None and fingerprint != state.code_on_disk
+            state.code_on_disk = fingerprint
+            if changed and state.version is not None and fingerprint is not None and \
+                    self.core.shutdown_started is None:
+                log.info("model_version_changed", model=name, serving=state.version,
+                         hint="rolling the workers onto the highest version directory")
+                self.core.roll(name)
 
     def _keep_reserve(self) -> None:
         """The descriptors kept from clients: more workers configured need more."""
