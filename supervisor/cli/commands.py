@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -176,26 +175,15 @@ T = TypeVar("T")
 def _read_within(seconds: float, read: Callable[[], T], path: str, admin: bool) -> T:
     """``read`` of the config file, given up on after ``seconds`` (the command's own
     --timeout): on a hung mount, open() would otherwise block the command for good."""
-    box: list[T] = []
-    failed: list[BaseException] = []
+    from supervisor.daemon.offloop import OffLoop
 
-    def run() -> None:
-        try:
-            box.append(read())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="config-read", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if failed:
-        raise failed[0]
-    if not box:
+    task = OffLoop().submit("config-read", read, seconds)
+    if not task.wait(seconds):
         flag = "--admin" if admin else "--control"
         raise SystemExit(f"error: reading {path} took longer than {seconds:g}s (its file "
                          f"system does not answer: a hung mount?); give {flag} ENDPOINT to "
                          "reach the daemon without it")
-    return box[0]
+    return task.result()
 
 
 def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:

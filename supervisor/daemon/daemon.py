@@ -35,6 +35,7 @@ from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit,
 from supervisor.daemon.failures import Failures
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
+from supervisor.daemon.offloop import OffLoop
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.resources import Resources
@@ -115,8 +116,9 @@ class Daemon:
             resources=self.resources.facts)
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
-        self.code = CodeWatch()  # the models' code on disk, against what workers run
-        self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
+        self.offloop = OffLoop(self.signals.wake, clock)  # blocking reads, with deadlines
+        self.code = CodeWatch(self.offloop)  # the models' code on disk, against what workers run
+        self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.offloop)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
         self.turn_started = 0.0  # when the poller last returned
@@ -615,7 +617,7 @@ class Daemon:
     def _code_at_start(self) -> None:
         """What the first workers start from: the fingerprints of the models' code, read
         with the config's deadline (a model on a hung mount: unknown until a reload)."""
-        found = fingerprints_within(self.config, CONFIG_READ_TIMEOUT)
+        found = fingerprints_within(self.offloop, self.config, CONFIG_READ_TIMEOUT)
         if found is None:
             log.warning("code_fingerprint_timed_out", seconds=CONFIG_READ_TIMEOUT,
                         hint="a model's files did not answer: a reload will not see their "
