@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import signal
@@ -301,13 +300,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     With jobs to finish it returns before the daemon exits; an idle daemon may exit before
     the first look, which is a drain done too."""
     from supervisor.client.client import JobError, control
-    from supervisor.daemon.instance_lock import LOCK_NAME
+    from supervisor.daemon.instance_lock import LOCK_NAME, holder
 
     runtime_dir, endpoint, budget, problem = _drain_target(args)
     timeout = args.timeout if args.timeout is not None else budget
     lock = runtime_dir / LOCK_NAME
     try:
-        pid = _lock_holder(lock)
+        pid = holder(lock)
     except PermissionError:
         print(f"error: not permitted to read {lock}: run drain as the supervisor's user "
               "(or one in its socket group)", file=sys.stderr)
@@ -372,24 +371,6 @@ def _drain_target(args: argparse.Namespace) -> tuple[Path, str, float, str | Non
         return Path(endpoint[len("ipc://"):]).parent, endpoint, default + STOP_GRACE, problem
     sup = config.supervisor
     return config.runtime_dir, sup.control, sup.shutdown_timeout + STOP_GRACE, None
-
-
-def _lock_holder(lock: Path) -> int | None:
-    """The pid of the live supervisor holding ``lock`` (its instance lock), else None."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # held: a live supervisor
-            text = os.read(fd, 32).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None  # left behind by a supervisor that is gone
-    finally:
-        os.close(fd)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
