@@ -144,6 +144,26 @@ def test_drain_with_nothing_running(tmp_path: Path) -> None:
     assert out.returncode == 0 and "nothing to drain" in out.stdout, out
 
 
+def test_the_lock_the_daemon_takes_is_the_one_drain_reads(tmp_path: Path) -> None:
+    """One owner of the instance lock's format: what InstanceLock writes, holder reads; a
+    file left by a supervisor that is gone names nobody."""
+    import os
+
+    from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock, holder
+
+    lock = InstanceLock(tmp_path)
+    assert holder(lock.path) is None  # no file
+    lock.acquire()
+    try:
+        assert holder(lock.path) == os.getpid()
+        with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}"):
+            InstanceLock(tmp_path).acquire()
+    finally:
+        lock.release()
+    lock.path.write_text("4242\n")  # left behind, unlocked
+    assert holder(lock.path) is None
+
+
 def test_a_headless_service_name_resolves_to_one_endpoint_per_pod() -> None:
     """resolve_endpoints gives the client every address behind a name (each pod of a
     headless Service); addresses and ipc endpoints pass through."""

@@ -276,8 +276,10 @@ def test_every_batch_is_one_padded_shape_and_no_job_is_lost(
         assert rest == own[1:] + riders  # its own bucket first, in order
         rows = sum(j.rows or 1 for j in own)
         for rider in riders:
-            assert head.joins and rider.joins and rider.joins[0] == head.joins[0]
-            assert rider.joins[1] < head.joins[1]
+            assert head.joins and rider.joins and rider.joins.fits_under(head.joins)
+            assert (rider.joins.layout, rider.joins.dims) == (head.joins.layout,
+                                                              head.joins.dims)
+            assert rider.joins.buckets < head.joins.buckets
         if len(batch) > 1:
             assert sum(j.rows or 1 for j in batch) <= policy.pad_to(rows) <= most
     assert sorted(seen) == list(range(len(jobs)))

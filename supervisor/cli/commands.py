@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -176,26 +174,15 @@ T = TypeVar("T")
 def _read_within(seconds: float, read: Callable[[], T], path: str, admin: bool) -> T:
     """``read`` of the config file, given up on after ``seconds`` (the command's own
     --timeout): on a hung mount, open() would otherwise block the command for good."""
-    box: list[T] = []
-    failed: list[BaseException] = []
+    from supervisor.daemon.offloop import OffLoop
 
-    def run() -> None:
-        try:
-            box.append(read())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="config-read", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if failed:
-        raise failed[0]
-    if not box:
+    task = OffLoop().submit("config-read", read, seconds)
+    if not task.wait(seconds):
         flag = "--admin" if admin else "--control"
         raise SystemExit(f"error: reading {path} took longer than {seconds:g}s (its file "
                          f"system does not answer: a hung mount?); give {flag} ENDPOINT to "
                          "reach the daemon without it")
-    return box[0]
+    return task.result()
 
 
 def _random_input(spec: dict[str, Any], batch: int) -> np.ndarray:
@@ -313,13 +300,13 @@ def cmd_drain(args: argparse.Namespace) -> int:
     With jobs to finish it returns before the daemon exits; an idle daemon may exit before
     the first look, which is a drain done too."""
     from supervisor.client.client import JobError, control
-    from supervisor.daemon.instance_lock import LOCK_NAME
+    from supervisor.daemon.instance_lock import LOCK_NAME, holder
 
     runtime_dir, endpoint, budget, problem = _drain_target(args)
     timeout = args.timeout if args.timeout is not None else budget
     lock = runtime_dir / LOCK_NAME
     try:
-        pid = _lock_holder(lock)
+        pid = holder(lock)
     except PermissionError:
         print(f"error: not permitted to read {lock}: run drain as the supervisor's user "
               "(or one in its socket group)", file=sys.stderr)
@@ -384,24 +371,6 @@ def _drain_target(args: argparse.Namespace) -> tuple[Path, str, float, str | Non
         return Path(endpoint[len("ipc://"):]).parent, endpoint, default + STOP_GRACE, problem
     sup = config.supervisor
     return config.runtime_dir, sup.control, sup.shutdown_timeout + STOP_GRACE, None
-
-
-def _lock_holder(lock: Path) -> int | None:
-    """The pid of the live supervisor holding ``lock`` (its instance lock), else None."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # held: a live supervisor
-            text = os.read(fd, 32).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None  # left behind by a supervisor that is gone
-    finally:
-        os.close(fd)
 
 
 def cmd_top(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import hashlib
 import os
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +38,31 @@ MOST_BYTES = 64 << 20
 NEVER = (Path("/dev"), Path("/proc"), Path("/sys"))
 
 Progress = Callable[[Path], None]
-_warned: set[str] = set()  # bounds hit, told once per source
+
+
+class _Sources:
+    """Source paths, added to by the walks (each off the loop, in threads of their own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: set[str] = set()
+
+    def add(self, path: str) -> bool:
+        """Whether ``path`` is new here."""
+        with self._lock:
+            new = path not in self._paths
+            self._paths.add(path)
+            return new
+
+    def sorted(self) -> list[str]:
+        with self._lock:
+            return sorted(self._paths)
+
+
+# The sources whose walk hit a bound: what `status` reads (bounded()).
+PARTLY_COMPARED = _Sources()
+# The sources whose bound the log has told: once each, whatever `status` is given.
+_TOLD = _Sources()
 
 
 def fingerprint(model: ModelConfig, config_dir: Path | None, runtime_dir: Path | None = None,
@@ -154,8 +179,9 @@ def _add(digest: hashlib._Hash, root: Path, progress: Progress | None) -> None:
             digest.update(f"{path}: {type(exc).__name__}".encode())
     bounded = bounded or budget <= 0
     digest.update(f"files {len(files)} bounded {bounded}".encode())
-    if bounded and str(root) not in _warned:
-        _warned.add(str(root))
+    if bounded:
+        PARTLY_COMPARED.add(str(root))
+    if bounded and _TOLD.add(str(root)):
         log.warning("code_fingerprint_bounded", path=str(root), files=MOST_FILES,
                     depth=MOST_DEPTH, bytes=MOST_BYTES,
                     hint="only part of it is compared: a change past the bound is not seen")
@@ -163,7 +189,7 @@ def _add(digest: hashlib._Hash, root: Path, progress: Progress | None) -> None:
 
 def bounded() -> list[str]:
     """The sources whose walk hit a bound (for `status`): only part of each is compared."""
-    return sorted(_warned)
+    return PARTLY_COMPARED.sorted()
 
 
 def _read(path: Path) -> bytes:

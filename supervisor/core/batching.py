@@ -97,12 +97,11 @@ def _riders(queue: deque[Job], head: Job, free: int, now: float) -> list[Job]:
     bucket first (the dearest call it spares), then arrival."""
     if free <= 0 or head.joins is None:
         return []
-    layout, top = head.joins
+    top = head.joins
     fits = [job for job in _live(queue, now)
             if job.joins is not None and job is not head and batchable(job) and
-            job.key != head.key and job.joins[0] == layout and len(job.joins[1]) == len(top)
-            and all(b <= t for b, t in zip(job.joins[1], top, strict=True))]
-    fits.sort(key=lambda job: job.joins[1] if job.joins else (), reverse=True)
+            job.key != head.key and job.joins.fits_under(top)]
+    fits.sort(key=lambda job: job.joins.buckets if job.joins else (), reverse=True)
     riders = []
     for job in fits:
         if job_rows(job) <= free:

@@ -1,7 +1,7 @@
 """A job as the supervisor holds it, from admission to its one reply.
 
-Leaf module. Rule: imports the standard library only (Frame is typing-only), so every other
-core module can use ``Job`` without importing the router that queues it.
+Leaf module. Rule: imports the standard library only (Frame and Join are typing-only), so
+every other core module can use ``Job`` without importing the router that queues it.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from supervisor.shared.padding import Join
     from supervisor.shared.protocol import Frame
 
 @dataclass(eq=False)
@@ -33,10 +34,9 @@ class Job:
     # What a batch mate must match (supervisor/shared/padding.py: padded axes at their bucket);
     # None: the plain layout (names, dtypes, shapes past the batch dimension).
     key: tuple[Any, ...] | None = None
-    # A padded model's: the key with padded axes open (and the padded dimensions' names)
-    # and the job's buckets, by which it rides padded up in a batch of longer jobs
-    # (supervisor/core/batching.py); None: never.
-    joins: tuple[Any, tuple[int, ...]] | None = None
+    # A padded model's: by what it rides, padded up, in a batch of longer jobs (``Join``);
+    # None: never.
+    joins: Join | None = None
 
     @functools.cached_property
     def rows(self) -> int | None:

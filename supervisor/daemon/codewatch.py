@@ -2,17 +2,18 @@
 loop: at start (with a deadline), and every CHECK seconds after, so that `status` can say
 when live workers run code that differs from what is on disk.
 
-A check runs in a thread of its own; one that does not return (a hung mount) is never
-stacked upon: no new check starts until it does, and `status` keeps the last result.
+A check runs off the loop (daemon/offloop.py); one that does not return (a hung mount) is
+never stacked upon: no new check starts until it does, and `status` keeps the last result.
 """
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 from pathlib import Path
 
 from supervisor.config.fingerprint import Progress, fingerprint
 from supervisor.config.keys import Config
+from supervisor.daemon.offloop import OffLoop, Task
 
 # How often the code on disk is fingerprinted again (seconds): stat calls, and a read of
 # the small files (handler modules), for each model.
@@ -30,40 +31,34 @@ def fingerprints(config: Config, progress: Progress | None = None) -> Prints:
             for name, model in config.models.items()}
 
 
-def fingerprints_within(config: Config, timeout: float) -> Prints | None:
-    """Every model's, or None when the files did not answer within ``timeout``."""
-    check = _Check(config)
-    check.thread.join(timeout)
-    return check.result
+def fingerprints_within(offloop: OffLoop, config: Config, timeout: float) -> Prints | None:
+    """Every model's, or None when the files did not answer within ``timeout``. Blocks:
+    before the loop runs only."""
+    check = offloop.submit("code-check", partial(fingerprints, config), timeout)
+    return _found(check) if check.wait(timeout) else None
 
 
-class _Check:
-    def __init__(self, config: Config) -> None:
-        self.result: Prints | None = None
-        self.thread = threading.Thread(target=self._run, args=(config,), name="code-check",
-                                       daemon=True)
-        self.thread.start()
-
-    def _run(self, config: Config) -> None:
-        try:
-            self.result = fingerprints(config)
-        except Exception:  # a check that fails says nothing; the next one may
-            self.result = {}
+def _found(check: Task[Prints]) -> Prints:
+    """A returned check's fingerprints: none from one that failed (the next one may not)."""
+    return {} if check.error is not None or check.value is None else check.value
 
 
 class CodeWatch:
-    def __init__(self) -> None:
+    def __init__(self, offloop: OffLoop) -> None:
+        self.offloop = offloop
         self.next_check = 0.0
-        self.running: _Check | None = None
+        self.running: Task[Prints] | None = None
 
     def due(self, config: Config, now: float) -> Prints | None:
         """From housekeeping: a finished check's fingerprints (once); starts the next one
         when it is time."""
         running = self.running
-        if running is not None and not running.thread.is_alive():
+        if running is not None and running.done():
             self.running = None
-            return running.result
+            return _found(running)
         if running is None and now >= self.next_check:
             self.next_check = now + CHECK
-            self.running = _Check(config)
+            # Past CHECK it is stuck (counted); the next waits for it all the same.
+            self.running = self.offloop.submit("code-check", partial(fingerprints, config),
+                                               CHECK)
         return None

@@ -1,8 +1,31 @@
 """The supervisor's main loop: sockets, worker processes, signals and memory readings
 around the socket-free core (supervisor/core/core.py), which makes every decision.
 
-Single-threaded: one zmq poller over the frontend, backend and control sockets plus a
-signal wake-up pipe. Signal handlers only record the signal; the loop acts on it.
+One loop thread makes every decision and owns every socket and the core: one zmq poller
+over the frontend, backend, control and admin sockets, the ZAP socket, the workers' output
+pipes and a wake-up pipe. Signal handlers only record the signal and write to that pipe;
+the loop acts on it. Every other thread is listed here with exactly what it may touch:
+
+- descriptor-gate (daemon/descriptors.py, ``Gate``), from the loop's start to its end:
+  owns the socket monitors, the client listeners (pauses and resumes them) and the gate's
+  fields, and publishes ``Gate.counts`` replaced whole, which `status` (on the loop) and
+  the scrape read; it reads ``Gate.reserve``, which the loop alone writes. It never calls
+  into the loop; ``Gate.close`` stops it.
+- http-listener (daemon/listener.py), when supervisor.metrics is set, until ``_close``:
+  owns its HTTP connections; reads only what the loop publishes whole (the metrics
+  snapshot, ``Health``'s fields, the tallies it copies), prometheus_client's own
+  thread-safe metrics and ``Gate.counts``. It never calls into the loop.
+- off-loop tasks (daemon/offloop.py, ``self.offloop``): one thread per blocking read, each
+  with a deadline: a reload's config and key reads (config-read, keys-read:
+  daemon/reloader.py) and the code fingerprints (code-check: daemon/codewatch.py). Each
+  reads files and writes only its own task (and its reload's ``Read``); its result or
+  exception comes back in the task, then ``signals.wake`` makes the poller return. The loop
+  reads a task once it is done, or gives up on it at its deadline: a stuck task is never
+  joined, and ``OffLoop.facts`` counts it (the first fingerprints are waited for, up to
+  their deadline, before the loop starts). The fingerprint walks also add to
+  config/fingerprint.py's PARTLY_COMPARED (behind its lock), which `status` reads.
+
+Any thread may log: the log sink takes a lock and writes each line whole (or drops it).
 """
 
 from __future__ import annotations
@@ -36,6 +59,7 @@ from supervisor.daemon.failures import Failures
 from supervisor.daemon.fronts import EXIT_GRACE, Fronts
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
+from supervisor.daemon.offloop import OffLoop
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.resources import Resources
@@ -121,8 +145,9 @@ class Daemon:
             fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None)
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
-        self.code = CodeWatch()  # the models' code on disk, against what workers run
-        self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.signals.wake)
+        self.offloop = OffLoop(self.signals.wake, clock)  # blocking reads, with deadlines
+        self.code = CodeWatch(self.offloop)  # the models' code on disk, against what workers run
+        self.reloader = Reloader(CONFIG_READ_TIMEOUT, self.offloop)
         self.zap: security.ZapHandler | None = None  # CURVE authentication, when configured
         self.next_housekeeping = 0.0
         self.turn_started = 0.0  # when the poller last returned
@@ -662,7 +687,7 @@ class Daemon:
     def _code_at_start(self) -> None:
         """What the first workers start from: the fingerprints of the models' code, read
         with the config's deadline (a model on a hung mount: unknown until a reload)."""
-        found = fingerprints_within(self.config, CONFIG_READ_TIMEOUT)
+        found = fingerprints_within(self.offloop, self.config, CONFIG_READ_TIMEOUT)
         if found is None:
             log.warning("code_fingerprint_timed_out", seconds=CONFIG_READ_TIMEOUT,
                         hint="a model's files did not answer: a reload will not see their "

@@ -184,11 +184,23 @@ def _borrowed(fd: int) -> Any:
         sock.detach()
 
 
+@dataclass(frozen=True)
+class Counts:
+    """What the gate's thread last published, replaced whole after each change, so that a
+    reader on another thread (the loop's `status`, a scrape) sees one publication whole."""
+
+    open: int  # descriptors open, estimated: the last exact count moved on by connections
+    connections: int  # client connections open
+    pauses: int  # times new connections were paused
+    paused: tuple[str, ...]  # the endpoints not taking new connections now
+
+
 class Gate:
     """Counts client connections and holds the open descriptors below limit - reserve.
 
-    Its thread owns the monitor sockets; the main loop reads ``facts`` and tells it the
-    reserve (which grows with the workers configured)."""
+    Its thread owns the monitor sockets, the listeners and every field but ``reserve``, and
+    publishes ``counts``; the main loop reads ``facts`` (and the scrape ``counts``) and
+    tells it the reserve (which grows with the workers configured)."""
 
     def __init__(self, context: zmq.Context[Any], limit: Limit) -> None:
         self.limit = limit
@@ -206,6 +218,7 @@ class Gate:
         self._stop = context.socket(zmq.PAIR)
         self._stop.bind(f"inproc://descriptor-gate-{id(self)}")
         self._thread: threading.Thread | None = None
+        self.counts = Counts(self.open_at_count, 0, 0, ())
 
     def watch(self, sock: zmq.Socket[bytes]) -> None:
         """Before ``sock`` binds: its connections are counted and, when it binds a client
@@ -238,6 +251,7 @@ class Gate:
                 self._resume(listener)
             with contextlib.suppress(OSError):
                 listener.forget()
+        self._publish()
         for monitor in self.monitors:
             monitor.close(0)
         self._stop.close(0)
@@ -245,18 +259,18 @@ class Gate:
     def facts(self) -> dict[str, Any]:
         """For `status`: no /proc listing on the loop (thousands of entries under a flood),
         the thread's count (at most RECOUNT old) moved on by the connections since."""
-        open_now = self.open_at_count + self.connections - self.connections_at_count
-        return {"open": open_now, "limit": self.limit.soft, "hard_limit": self.limit.hard,
+        counts = self.counts
+        return {"open": counts.open, "limit": self.limit.soft, "hard_limit": self.limit.hard,
                 "raised_from": self.limit.raised_from, "reserve": self.reserve,
-                "headroom": self.limit.soft - open_now,
-                "client_connections": self.connections, "accepting": self.accepting,
-                "paused": [x.endpoint for x in self.listeners.values() if not x.open],
-                "pauses": self.pauses}
+                "headroom": self.limit.soft - counts.open,
+                "client_connections": counts.connections, "accepting": not counts.paused,
+                "paused": list(counts.paused), "pauses": counts.pauses}
 
-    @property
-    def accepting(self) -> bool:
-        """Every client endpoint takes new connections."""
-        return all(x.open for x in self.listeners.values())
+    def _publish(self) -> None:
+        self.counts = Counts(
+            self.open_at_count + self.connections - self.connections_at_count,
+            self.connections, self.pauses,
+            tuple(x.endpoint for x in self.listeners.values() if not x.open))
 
     # --- the thread ------------------------------------------------------------------------
 
@@ -278,6 +292,7 @@ class Gate:
                     if monitor in ready:
                         self._events(monitor)
                 self._decide(recount=time.monotonic() >= self.next_count)
+                self._publish()
             except Exception as exc:  # never the end of the thread: the next turn tries
                 self.failures.failed("descriptor_gate_failed", exc, time.monotonic())
 
@@ -290,6 +305,7 @@ class Gate:
             if kind == zmq.EVENT_ACCEPTED:
                 self.connections += 1
                 self._decide(recount=False)
+                self._publish()
             elif kind == zmq.EVENT_DISCONNECTED:
                 self.connections = max(0, self.connections - 1)
             elif kind == zmq.EVENT_LISTENING:

@@ -1,12 +1,12 @@
 """A reload's files, read off the main loop with a deadline.
 
 The config file and the client key directories may sit on a network mount, where open()
-or read() can block for minutes. Read on the loop, that froze every job, every status
-answer and the watchdog, and then healthy workers were killed as hung. So a reload reads in
-a thread; the loop goes on and applies what was read when the thread is done, or answers
-"timed out" when the deadline passes. A read that never returns is abandoned (a thread
-blocked in the kernel cannot be stopped); until it returns, further reloads are refused at
-once rather than stacking more stuck threads.
+or read() can block for minutes; on the loop, that would freeze every job, every status
+answer and the watchdog, and healthy workers would be killed as hung. So a reload reads off
+the loop (daemon/offloop.py); the loop goes on and applies what was read once the read is
+done, or answers "timed out" when the deadline passes. A read that never returns is stuck
+(a thread blocked in the kernel cannot be stopped); until it returns, further reloads are
+refused at once rather than stacking more stuck threads.
 
 Every requester gets one answer. A reload asked for while a read is in flight is answered
 by the read after it, so a change made after the first read began is never missed; if the
@@ -16,9 +16,8 @@ them (a removal always applies).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,18 @@ from supervisor.config.keys import Config, CurveConfig
 from supervisor.config.loading import load_config
 from supervisor.daemon import security
 from supervisor.daemon.codewatch import fingerprints
+from supervisor.daemon.offloop import OffLoop, Task
 
 Answer = Callable[[dict[str, Any]], None]
 
 
 @dataclass
 class Read:
-    """What one read found: the keys (when CURVE is on) and the config, or what failed."""
+    """What one read found: the keys (when CURVE is on) and the config, or what failed.
+
+    Its thread (daemon/offloop.py) sets ``keys``, ``config``, ``code`` and ``reading``, each
+    replaced whole; the loop reads them once the task is done, or past its deadline, when
+    the keys (read first) still apply and ``reading`` names where it hung."""
 
     path: Path | None  # None: the keys only
     curve: CurveConfig | None
@@ -41,22 +45,28 @@ class Read:
     config: Config | None = None
     code: dict[str, str | None] | None = None  # each model's code fingerprint, read with it
     reading: str | None = None  # the code file being fingerprinted (None: the config file)
-    error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    task: Task[None] | None = None
 
-    def run(self, wake: Callable[[], None]) -> None:
-        try:
-            # Keys first, and kept whatever the config file holds: a removal always applies.
-            if self.curve is not None:
-                self.keys = security.reread_clients(self.curve)
-            if self.path is not None:
-                self.config = load_config(self.path)
-                self.code = fingerprints(self.config, self._reading)
-        except BaseException as exc:  # reported by the loop, never raised in this thread
-            self.error = exc
-        finally:
-            self.done.set()
-            wake()
+    def run(self) -> None:
+        # Keys first, and kept whatever the config file holds: a removal always applies.
+        if self.curve is not None:
+            self.keys = security.reread_clients(self.curve)
+        if self.path is not None:
+            self.config = load_config(self.path)
+            self.code = fingerprints(self.config, self._reading)
+
+    def start(self, offloop: OffLoop, name: str, timeout: float) -> Read:
+        self.task = offloop.submit(name, self.run, timeout)
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self.task is not None and self.task.done()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What the read raised (reported by the loop); only once done."""
+        return None if self.task is None else self.task.error
 
     def _reading(self, path: Path) -> None:
         self.reading = str(path)
@@ -71,49 +81,46 @@ class Outcome:
 
 
 class Reloader:
-    def __init__(self, timeout: float, wake: Callable[[], None]) -> None:
+    def __init__(self, timeout: float, offloop: OffLoop) -> None:
         self.timeout = timeout
-        self.wake = wake
+        self.offloop = offloop
         self.current: Read | None = None
-        self.deadline = 0.0
         self.answers: list[Answer] = []  # of the read in flight
         self.again: list[Answer | None] | None = None  # asked for during it: one more read
         self.stuck: Read | None = None  # abandoned after its deadline, not returned yet
-        self.stuck_since = 0.0
         self.keys_only: Read | None = None  # the keys re-read while a config read is stuck
 
     def request(self, path: Path, curve: CurveConfig | None, answer: Answer | None,
                 now: float) -> dict[str, Any] | None:
         """Start a read (or queue one after the read in flight). An error to answer at
         once, or None: the answer comes with the outcome."""
-        if self.stuck is not None and not self.stuck.done.is_set():
+        if self.stuck is not None and not self.stuck.done:
             keys = "; the client keys are being re-read and apply when read" \
                 if self._read_keys(curve) else ""  # a removal applies all the same
+            started = self.stuck.task.started if self.stuck.task is not None else now
             return {"ok": False, "error": f"config rejected, running config kept: the read "
-                    f"of {self.stuck.path} started {now - self.stuck_since:.0f}s ago has not "
+                    f"of {self.stuck.path} started {now - started:.0f}s ago has not "
                     f"returned (a file system that does not answer, or a file too large to "
                     f"parse); reload again once it does{keys}"}
         self.stuck = None
         if self.current is not None:
             self.again = [*(self.again or []), answer]
             return None
-        self._start(path, curve, [answer] if answer else [], now)
+        self._start(path, curve, [answer] if answer else [])
         return None
 
-    def _start(self, path: Path, curve: CurveConfig | None, answers: list[Answer],
-               now: float) -> None:
-        read = Read(path, curve)
-        self.current, self.deadline, self.answers = read, now + self.timeout, answers
-        threading.Thread(target=read.run, args=(self.wake,), name="config-read",
-                         daemon=True).start()
+    def _start(self, path: Path, curve: CurveConfig | None, answers: list[Answer]) -> None:
+        self.current = Read(path, curve).start(self.offloop, "config-read", self.timeout)
+        self.answers = answers
 
     def next_deadline(self) -> float | None:
-        return self.deadline if self.current is not None else None
+        task = self.current.task if self.current is not None else None
+        return task.deadline if task is not None else None
 
     def keys_read(self) -> Read | None:
         """A keys-only read that is done (at most once each)."""
         read = self.keys_only
-        if read is None or not read.done.is_set():
+        if read is None or not read.done:
             return None
         self.keys_only = None
         return read
@@ -122,13 +129,13 @@ class Reloader:
         """The read in flight once it is done or past its deadline; the next queued read
         (with the paths now in force) is started then."""
         read = self.current
-        if read is None:
+        if read is None or read.task is None:
             return None
-        if read.done.is_set():
+        if read.done:
             result = Outcome(read, self.answers)
-        elif now >= self.deadline:
+        elif read.task.stuck(now):
             result = Outcome(read, self.answers, timed_out=True)
-            self.stuck, self.stuck_since = read, self.deadline - self.timeout
+            self.stuck = read
         else:
             return None
         self.current, self.answers = None, []
@@ -138,7 +145,7 @@ class Reloader:
                 result.answers += [a for a in queued if a is not None]  # keys may not
                 result.keys_again = self._read_keys(curve)
             else:
-                self._start(path, curve, [a for a in queued if a is not None], now)
+                self._start(path, curve, [a for a in queued if a is not None])
         return result
 
     def _read_keys(self, curve: CurveConfig | None) -> bool:
@@ -147,7 +154,5 @@ class Reloader:
         if curve is None:
             return False
         if self.keys_only is None:
-            self.keys_only = Read(None, curve)
-            threading.Thread(target=self.keys_only.run, args=(self.wake,), name="keys-read",
-                             daemon=True).start()
+            self.keys_only = Read(None, curve).start(self.offloop, "keys-read", self.timeout)
         return True

@@ -31,18 +31,18 @@ class Resources(Collector):
             "tfsupervisor_log_lines_dropped", "Log lines the supervisor could not write (a "
             "full disk, a closed pipe, an I/O error): dropped, never retried.")
         dropped.add_metric([], logs.sink().dropped)
-        gate = self.gate
+        gate, counts = self.gate, self.gate.counts
         connections = GaugeMetricFamily(
             "tfsupervisor_client_connections", "Client connections open on the frontend and "
-            "control endpoints.", value=gate.connections)
+            "control endpoints.", value=counts.connections)
         accepting = GaugeMetricFamily(
             "tfsupervisor_accepting_connections", "0 while new client connections are paused "
             "because descriptors run short (open >= limit - reserve).",
-            value=1 if gate.accepting else 0)
+            value=0 if counts.paused else 1)
         reserve = GaugeMetricFamily(
             "tfsupervisor_descriptor_reserve", "Descriptors kept for the supervisor's own "
             "work, out of tfsupervisor_process_max_fds.", value=gate.reserve)
         pauses = CounterMetricFamily(
             "tfsupervisor_connection_pauses", "Times new client connections were paused for "
-            "lack of descriptors.", value=gate.pauses)
+            "lack of descriptors.", value=counts.pauses)
         return [dropped, connections, accepting, reserve, pauses]

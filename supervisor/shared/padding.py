@@ -15,16 +15,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from supervisor.shared.protocol import ProtocolError, TensorSpec
 
 Key = tuple[tuple[str, str, tuple[int, ...]], ...]
-# A job's key with its padded axes open and the padded dimensions' names (jobs admitted
-# under other padding settings never match), and its bucket on each of those dimensions.
-Join = tuple[tuple[Key, tuple[str, ...]], tuple[int, ...]]
+
+
+class Join(NamedTuple):
+    """What a job of a padded model must match to ride, padded up, in a batch of longer
+    jobs (supervisor/core/batching.py); ``batch_keys`` makes it at admission."""
+
+    layout: Key  # the job's batch key with every padded axis open (0)
+    dims: tuple[str, ...]  # the padded dimensions' names: other padding settings never match
+    buckets: tuple[int, ...]  # the job's bucket on each of ``dims``, in order (0: absent)
+
+    def fits_under(self, top: Join) -> bool:
+        """Whether this job can ride in ``top``'s batch: the same layout and dimensions,
+        and no bucket longer than ``top``'s."""
+        return (self.layout == top.layout and self.dims == top.dims
+                and len(self.buckets) == len(top.buckets)
+                and all(b <= t for b, t in zip(self.buckets, top.buckets, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,7 @@ def batch_keys(specs: Sequence[TensorSpec], dims: Sequence[PadDim]) -> tuple[Key
     if not dims or not all(dim.pads for dim in dims):
         return tuple(key), None
     names = tuple(dim.name for dim in dims)
-    return tuple(key), ((tuple(open_key), names), tuple(buckets.get(n, 0) for n in names))
+    return tuple(key), Join(tuple(open_key), names, tuple(buckets.get(n, 0) for n in names))
 
 
 # --- the worker's side -------------------------------------------------------------------
