@@ -38,10 +38,10 @@ def http_config(port: int, **http: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sup() -> Iterator[Supervisor]:
-    port = free_port()
+    port, metrics = free_port(), free_port()
     sup = start_supervisor({
         "supervisor": {"http": http_config(port, request_timeout="1s", max_body_size="1MiB"),
-                       "max_queue": 4},
+                       "max_queue": 4, "metrics": f"127.0.0.1:{metrics}"},
         "models": {
             "echo": echo_model(1, sleep_on=7.0, sleep_seconds=0.5),
             "pair": echo_model(1, inputs=ECHO_INPUTS),
@@ -50,6 +50,7 @@ def sup() -> Iterator[Supervisor]:
     try:
         sup.wait_ready()
         sup.port = port  # type: ignore[attr-defined]
+        sup.metrics_port = metrics  # type: ignore[attr-defined]
         wait_http_ready(port)
         yield sup
     finally:
@@ -324,6 +325,21 @@ def test_tf_serving_errors(sup: Supervisor, body: dict[str, Any], words: str) ->
 
 
 def test_http_metrics_on_the_daemons_metrics_and_fronts_in_status(sup: Supervisor) -> None:
+    port = sup.port  # type: ignore[attr-defined]
+    for _ in range(3):
+        assert request(port, "POST", "/v2/models/echo/infer",
+                       infer_json("x", [1, 4], "FP32", [0, 0, 0, 0]))[0] == 200
+    assert request(port, "GET", "/v2/models/nope")[0] == 404
+    text = request(sup.metrics_port, "GET", "/metrics")[2].decode()  # type: ignore[attr-defined]
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line.startswith("tfsupervisor_http_")}
+    infer = 'tfsupervisor_http_requests_total{code="200",route="/v2/models/{model}/infer"}'
+    assert samples[infer] >= 3
+    assert samples['tfsupervisor_http_requests_total{code="404",route="-"}'] >= 1
+    assert samples["tfsupervisor_http_received_bytes_total"] > 0
+    assert 'tfsupervisor_http_request_seconds_bucket{le="+Inf",route="/v2/models/{model}/infer"}' \
+        in samples
+    assert "tfsupervisor_http_connections" in samples
     status = sup.status()
     assert [f["state"] for f in status["http"]["fronts"]] == ["running", "running"]
     from supervisor.cli.render import render_status

@@ -26,6 +26,11 @@ the loop acts on it. Every other thread is listed here with exactly what it may 
   config/fingerprint.py's PARTLY_COMPARED (behind its lock), which `status` reads.
 
 Any thread may log: the log sink takes a lock and writes each line whole (or drops it).
+
+Processes beside the workers: the HTTP fronts (daemon/fronts.py, supervisor/front/), when
+supervisor.http.listen is set. The loop starts, polls, restarts and drains them; they share
+nothing with it but the listening socket (inherited) and a private frontend endpoint, on
+which they are clients like any other, and their metrics files, which the scrape reads.
 """
 
 from __future__ import annotations

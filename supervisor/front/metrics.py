@@ -14,17 +14,17 @@ from supervisor.shared import logs
 
 log = logs.get(__name__)
 
-REQUESTS = Counter("tfs_http_requests", "HTTP requests answered by the fronts, by route "
-                   "template and status code.", ["route", "code"])
-LATENCY = Histogram("tfs_http_request_seconds", "From a request's last byte to its answer "
-                    "written, by route template.", ["route"],
+REQUESTS = Counter("tfsupervisor_http_requests", "HTTP requests answered by the fronts, by "
+                   "route template and status code.", ["route", "code"])
+LATENCY = Histogram("tfsupervisor_http_request_seconds", "From a request's last byte to its "
+                    "answer written, by route template.", ["route"],
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                              2.5, 5.0, 10.0, 30.0))
-RECEIVED = Counter("tfs_http_received_bytes", "Request body bytes received.")
-SENT = Counter("tfs_http_sent_bytes", "Response body bytes sent.")
-IN_FLIGHT = Gauge("tfs_http_requests_in_flight", "Requests being answered.",
+RECEIVED = Counter("tfsupervisor_http_received_bytes", "Request body bytes received.")
+SENT = Counter("tfsupervisor_http_sent_bytes", "Response body bytes sent.")
+IN_FLIGHT = Gauge("tfsupervisor_http_requests_in_flight", "Requests being answered.",
                   multiprocess_mode="livesum")
-CONNECTIONS = Gauge("tfs_http_connections", "Open HTTP connections.",
+CONNECTIONS = Gauge("tfsupervisor_http_connections", "Open HTTP connections.",
                     multiprocess_mode="livesum")
 
 
