@@ -21,6 +21,7 @@ from supervisor.config.keys import (
     BatchingConfig,
     Config,
     CurveConfig,
+    HttpSection,
     ModelConfig,
     PaddingConfig,
     PolicyConfig,
@@ -377,6 +378,8 @@ def config_reference() -> str:
     """docs/configuration.md, generated from the declarations in keys.py (a test keeps it so)."""
     sections = [("supervisor", SupervisorSection, "The daemon itself."),
                 ("supervisor.curve", CurveConfig, CurveConfig.__doc__ or ""),
+                ("supervisor.http", HttpSection, (HttpSection.__doc__ or "").replace(
+                    "\n    ", " ")),
                 ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
                  "`keras`, `handler`. Relative paths are relative to the config file."),
                 ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
@@ -400,7 +403,7 @@ def config_reference() -> str:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]
         for key, expected, default, help_text in describe(cls):
-            if key in ("tf", "policy", "curve", "batching", "padding"):
+            if key in ("tf", "policy", "curve", "http", "batching", "padding"):
                 continue
             lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
         lines.append("")
