@@ -33,6 +33,9 @@ from supervisor.shared.wire import frame_buffer
 
 MAX_HEAD = 64 * 1024  # request line and headers together
 PIPELINE = 16  # requests parsed ahead of the one being answered
+# A response this small is joined into one buffer and written with one call (the event loop
+# sends each buffer of writelines() on its own: two system calls where one does).
+JOIN_UP_TO = 64 * 1024
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
@@ -224,7 +227,10 @@ class HttpConnection(asyncio.Protocol):
         if not keep_alive:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
-        self.transport.writelines([b"".join(head), *map(frame_buffer, response.body)])
+        if response.length <= JOIN_UP_TO:  # one send(2), not one per part
+            self.transport.write(b"".join([*head, *map(frame_buffer, response.body)]))
+        else:  # large tensors: written from where they are, not copied
+            self.transport.writelines([b"".join(head), *map(frame_buffer, response.body)])
 
     # --- failures and time limits --------------------------------------------------------
 
