@@ -34,7 +34,7 @@ WIRE_TO_OIP = {wire: oip for oip, wire in OIP_DTYPES.items()}
 _LENGTH = struct.Struct("<I")
 # numpy kinds JSON numbers may arrive as, per target kind: JSON has no bool for numbers, no
 # fraction for an integer tensor.
-_ACCEPTED_KINDS = {"b": "b", "i": "iuO", "u": "iuO", "f": "iuf"}
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
 def oip_dtype(spec: Spec) -> str:
@@ -71,17 +71,21 @@ def from_values(name: str, wire: str, shape: list[int] | None, data: object) -> 
                         "different lengths)") from None
     target = WIRE_DTYPES[wire]
     if target.kind in "iu" and array.dtype.kind in "fO":
-        array = _exact_ints(array, data)  # past int64, numpy reads a mix as floats
+        array = _exact_ints(name, wire, array, data)  # past int64 numpy reads floats
     if array.size and array.dtype.kind not in _ACCEPTED_KINDS[target.kind]:
         want = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
         raise HttpError(400, f"input {name!r}: {wire} data must hold {want[target.kind]}, "
                         f"got {_kind_name(array)}")
     if target.kind in "iu" and array.size:
         info = np.iinfo(target)
-        if int(min(array.ravel())) < info.min or int(max(array.ravel())) > info.max:
+        if int(array.min()) < info.min or int(array.max()) > info.max:
             raise HttpError(400, f"input {name!r}: a value is out of {wire}'s range "
                             f"[{info.min}, {info.max}]")
-    array = array.astype(target, copy=False)
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            array = array.astype(target, copy=False)
+    except FloatingPointError:
+        raise HttpError(400, f"input {name!r}: a value is out of {wire}'s range") from None
     if shape is not None:
         if array.size != count(shape):
             raise HttpError(400, f"input {name!r}: shape {shape} holds {count(shape)} "
@@ -91,15 +95,17 @@ def from_values(name: str, wire: str, shape: list[int] | None, data: object) -> 
             np.ascontiguousarray(array).tobytes())
 
 
-def _exact_ints(array: np.ndarray, data: object) -> np.ndarray:
+def _exact_ints(name: str, wire: str, array: np.ndarray, data: object) -> np.ndarray:
     """Integers as Python holds them (exact), when every value is one; else ``array``."""
     exact = np.asarray(data, dtype=object)
-    if exact.size and all(type(v) is int for v in exact.ravel()):
-        low, high = min(exact.ravel()), max(exact.ravel())
-        if low >= -(2**63) and high < 2**64:
-            return np.asarray(exact.tolist(), dtype=np.uint64 if low >= 0 else np.int64)
-        return exact  # out of every integer type: refused below, by its range
-    return array
+    if not exact.size or not all(type(v) is int for v in exact.ravel()):
+        return array
+    low, high = min(exact.ravel()), max(exact.ravel())
+    if low < -(2**63) or high >= 2**64 or (low < 0 and high >= 2**63):
+        info = np.iinfo(WIRE_DTYPES[wire])
+        raise HttpError(400, f"input {name!r}: a value is out of {wire}'s range "
+                        f"[{info.min}, {info.max}]")
+    return np.asarray(exact.tolist(), dtype=np.uint64 if low >= 0 else np.int64)
 
 
 def from_binary(name: str, wire: str, shape: list[int], chunk: memoryview) -> Tensor:
@@ -110,6 +116,8 @@ def from_binary(name: str, wire: str, shape: list[int], chunk: memoryview) -> Te
         if len(chunk) != want:
             raise HttpError(400, f"input {name!r}: {wire}{shape} is {want} bytes, "
                             f"binary_data_size is {len(chunk)}")
+        if wire == "bool" and want and int(np.frombuffer(chunk, np.uint8).max()) > 1:
+            raise HttpError(400, f"input {name!r}: BOOL data must be bytes 0 or 1")
         return {"name": name, "dtype": wire, "shape": shape}, chunk
     return _strings_tensor(name, shape, split_strings(name, chunk, count(shape)))
 
