@@ -5,7 +5,7 @@ heads, 30k vocabulary, as a small RoBERTa for CPU inference) twice:
 
 - ``bucketed``: lengths padded to 32/64/128/256/512 with a generated attention mask, every
   bucket warmed at batch sizes 1 and 16 before ready;
-- ``unpadded``: as before padding existed (the client sends its own mask; one-shape warm-up).
+- ``unpadded``: no padding configured (the client sends its own mask; one-shape warm-up).
 
 The same jobs (lengths uniform in 5..512, one row each) go to each in turn from 16 client
 threads; recycling is off, so memory growth is measured, not bounded. Reported side by side:

@@ -1,6 +1,6 @@
 """Leaking workers under load in a memory cgroup too small for them all plus a replacement.
 
-The issue's operator trial, for minutes instead of seconds: one model of three workers that
+An operator's trial, run for minutes: one model of three workers that
 leak 64 KiB a job, four clients, a cgroup v1 limit of 300 MiB (needs root and
 /sys/fs/cgroup/memory). Counted: jobs answered and failed, kernel OOM kills (the cgroup's
 counter), recycles by reason, recycles that started their replacement first and those that

@@ -225,7 +225,7 @@ CASES = [
          lambda i, rng: _floats(1, 64, rng, "features"), 2000),
     Case("g_healthy", "the demo MLP SavedModel, batch sizes 1/2/4/8",
          _demo, lambda i, rng: _floats(1 << (i % 4), 64, rng, "features"), 6000),
-    Case("h_batch_sizes", "the demo MLP SavedModel, batch size 1-399 (design brief's table)",
+    Case("h_batch_sizes", "the demo MLP SavedModel, batch size 1-399",
          _demo, lambda i, rng: _floats(int(rng.integers(1, 400)), 64, rng, "features"), 4000),
 ]
 

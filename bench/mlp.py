@@ -1,4 +1,4 @@
-"""Benchmarks 3 and 4: the design brief's MLP under load, against the usual baselines.
+"""Benchmarks 3 and 4: the demo MLP under load, against the usual baselines.
 
 3. Throughput: batch-1 requests from 32 concurrent clients (4 client processes of 8
    threads: one process would be held back by its own GIL) for ``--seconds`` each, to

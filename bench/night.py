@@ -4,7 +4,7 @@ One supervisor serves the same leaking handler twice (``tests.leak_handlers:eage
 the demo text encoder per request through a ``tf.function`` that takes each request's
 length as a Python argument, so every new length traces a graph TensorFlow keeps):
 
-- ``unsupervised``: every limit off, what the seed's plain long-running process did;
+- ``unsupervised``: every limit off, as a plain long-running service process runs;
 - ``supervised``: the default policy with ``max_memory`` (``--max-memory``): recycled,
   replacement first, before the limit.
 

@@ -1,18 +1,17 @@
 """Benchmark: Keras ``model.predict()`` per job on a transformer encoder, under the defaults.
 
-Issue 12's case: a text service written with ``predict()`` per request ramps over its first
-minute of mixed lengths (Keras traces and TensorFlow caches per shape), then levels off. The
-default policy used to recycle such a worker by trend twice in a few minutes. Here one
+A text service written with ``predict()`` per request ramps over its first minute of mixed
+lengths (Keras traces and TensorFlow caches per shape), then levels off: a ramp that levels
+off is warm-up, not a leak, and the default policy must not recycle it by trend. Here one
 worker serves that encoder (random weights; 6 layers, width 256, 4 heads, 30k vocabulary)
 under the default policy (nothing set) at the product's default 1 s poll, with client
 threads sending lengths uniform in 5..512, and every second its memory sample, job count and
 age are read from ``status``.
 
 Reported: memory at ready, after the first minute and over the rest, and the recycles the
-live supervisor made (none is the figure issue 12 asks for). The 2026-12-03 run, when a
-trend was judged on half a window, recycled the first worker once, its replacement not; the
-2026-12-04 run, on a full window without max_memory, none in 300 s (3,617 jobs). The
-samples are written to ``bench/results/predict_ramp_samples.json``, a real series for the
+live supervisor made (the target: none; a trend is judged on a full window only, and on
+one 300 s run that gave none in 3,617 jobs: bench/HISTORY.md has the runs). The samples are
+written to ``bench/results/predict_ramp_samples.json``, a real series for the
 policy's tests.
 
     python -m bench.predict_ramp [--seconds 180] [--quick]

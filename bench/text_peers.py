@@ -11,7 +11,7 @@ batches up to 32 rows and a 5 ms wait wherever a server batches, served by:
   mosec user writes it); raw int32 ids in, raw float32 embedding out;
 - LitServe: 2 workers, the same padding, JSON in and out, ``fast_queue=True``;
 - the common per-request service: gunicorn, 2 sync workers, a WSGI app calling the loaded
-  SavedModel once per request on the request's own shape (as seed 002's service did);
+  SavedModel once per request on the request's own shape (how such a service is commonly written);
 - the compute ceiling: the same model in a tight loop, 2 processes, on full 32-row batches
   of the same traffic, each batch one padding size (no server, no client).
 
@@ -134,7 +134,7 @@ def to_json(output):
     return {"pooled": output.tolist()}
 '''
 
-# Seed 002's kind of service: a WSGI app (gunicorn sync workers) calling the loaded model once
+# The common per-request service: a WSGI app (gunicorn sync workers) calling the loaded model once
 # per request, on the request's own length.
 WSGI_APP = '''
 call = load_model()
@@ -211,7 +211,7 @@ PEERS: dict[str, Peer] = {p.name: p for p in (
          "wait adapts)", ()),
     Peer("litserve", "LitServe 2 workers, batch 32, padded to the batch's longest (JSON)",
          ("litserve",), LITSERVE_SERVER, path="/predict", body="json"),
-    Peer("per_request", "gunicorn 2 sync workers, one model call per request (seed 002)",
+    Peer("per_request", "gunicorn 2 sync workers, one model call per request",
          ("gunicorn",), WSGI_APP),
     Peer("ceiling", "compute ceiling: the model in a loop, 2 processes, full 32-row batches",
          ()),

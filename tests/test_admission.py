@@ -9,17 +9,16 @@ import hypothesis.strategies as st
 import msgpack
 from hypothesis import given, settings
 
-from supervisor.core.admission import MAX_KEPT, KnownDescriptions
+from supervisor.core.admission import MAX_KEPT, KnownDescriptions, specs_key
 from supervisor.core.batching import job_key
 from supervisor.core.jobs import Job
-from supervisor.shared import arrays as shared_arrays
 from supervisor.shared.protocol import (
+    MAX_ARRAYS,
     ProtocolError,
     TensorSpec,
     check_frames,
     check_specs,
     parse_specs,
-    specs_key,
 )
 
 INPUTS = [TensorSpec("x", "float32", (None, 4)), TensorSpec("y", "int64", (None,))]
@@ -96,6 +95,18 @@ def test_admission_gives_the_full_checks_verdict_in_any_order(
         batched_as_from_the_wire(d, raw, arrays, inputs, max_elements)
 
 
+def rows_from_the_wire(raw: list[dict[str, Any]]) -> int | None:
+    """The batch dimension every array of the job's wire specs shares, read from the wire
+    specs alone; None when there is none."""
+    firsts = set()
+    for spec in raw:
+        shape = spec.get("shape")
+        if not isinstance(shape, list) or not shape or not isinstance(shape[0], int):
+            return None
+        firsts.add(shape[0])
+    return firsts.pop() if len(firsts) == 1 else None
+
+
 def batched_as_from_the_wire(d: KnownDescriptions, raw: Any, arrays: list[bytes],
                              inputs: list[TensorSpec] | None, max_elements: int | None) -> None:
     """The batch layout and rows admission works out once per description are what the
@@ -109,7 +120,7 @@ def batched_as_from_the_wire(d: KnownDescriptions, raw: Any, arrays: list[bytes]
     except ProtocolError:
         return
     job = Job(1, "m", [], b"1", raw, list(arrays), received_at=0.0)
-    assert (passed.layout, passed.rows) == (job_key(job), job.rows), raw
+    assert (passed.layout, passed.rows) == (job_key(job), rows_from_the_wire(raw)), raw
 
 
 def test_a_known_description_is_checked_by_frame_lengths_alone() -> None:
@@ -152,15 +163,21 @@ def test_a_description_known_by_its_header_bytes_still_checks_its_frames() -> No
 
 def test_refused_descriptions_leave_nothing_remembered() -> None:
     """Requests refused for their frames or for not fitting the model's inputs, each with a
-    description of its own: neither admission nor the protocol's parsed specs keep any of
-    them (docs/protocol.md: a message that is refused keeps nothing)."""
+    description of its own: admission keeps none of them (docs/protocol.md: a message that
+    is refused keeps nothing)."""
     d = KnownDescriptions()
-    before = dict(shared_arrays._PARSED)
     for n in range(300):
         wrong_frames = [{"name": "x", "dtype": "float32", "shape": [n + 1, 4]}]
         assert "bytes do not match" in str(known(d, wrong_frames, [b""], OTHER_INPUTS, None))
         not_the_models = [{"name": f"z{n}", "dtype": "float32", "shape": [1, 4]}]
         assert "do not match the model" in str(
             known(d, not_the_models, [b"\0" * 16], OTHER_INPUTS, None))
-    assert before == shared_arrays._PARSED
     assert not d.passed
+
+
+def test_a_description_of_more_arrays_than_a_message_carries_has_no_key() -> None:
+    """A key holds every spec of its description: a list longer than any message can carry
+    is checked in full and never kept (1024 keys of ~2,000 specs each would hold ~650 MiB)."""
+    many = [{"name": f"a{i}", "dtype": "int8", "shape": []} for i in range(MAX_ARRAYS + 1)]
+    assert specs_key(many) is None
+    assert specs_key(many[:MAX_ARRAYS]) is not None

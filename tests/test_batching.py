@@ -45,7 +45,8 @@ from worker.runners import Runner
 def job(i: int, rows: int = 1, dtype: str = "float32", width: int = 4, t: float = 0.0,
         deadline: float | None = None) -> Job:
     specs, frames = pack_arrays({"x": np.full((rows, width), i, dtype)})
-    return Job(i, "m", [], str(i).encode(), specs, frames, received_at=t, deadline=deadline)
+    return Job(i, "m", [], str(i).encode(), specs, frames, received_at=t, deadline=deadline,
+               rows=rows)
 
 
 POLICY = BatchPolicy.from_config(8, 0.0, None)

@@ -183,7 +183,7 @@ def job(i: int, length: int, dims: tuple[PadDim, ...] = (SEQ,), rows: int = 1,
                                  "extra": np.ones((rows, width), np.float32)})
     key, joins = batch_keys([TensorSpec.from_wire(s) for s in specs], dims)
     return Job(i, "m", [], str(i).encode(), specs, frames, received_at=0.0, key=key,
-               joins=joins)
+               joins=joins, rows=rows)
 
 
 def test_mixed_lengths_of_one_bucket_share_a_batch() -> None:

@@ -1,4 +1,4 @@
-"""The demo model: the design brief's MLP (64 float32 features -> one probability).
+"""The demo model: an MLP binary classifier (64 float32 features -> one probability).
 
 Dense 1024-512-256-128-64-32, each with ReLU, Dropout 0.2 and LayerNormalization, then
 Dense 16 ReLU + LayerNormalization, then Dense 1 sigmoid (about 0.8 M parameters). Its

@@ -12,8 +12,11 @@ A request's header describes its arrays (name, dtype, shape); admission checks t
 description (parse_specs), the frames against it (check_frames) and it against the model's
 inputs (check_specs), all from the header and frame lengths. Clients send the same few
 descriptions again and again, so the outcome of a description that passed is kept: the next
-request with the same one only has its frame lengths compared. Under saturation the full
-check was a fifth of the supervisor's CPU per job (bench/results/throughput.md).
+request with the same one only has its frame lengths compared. On the MLP's batch-1
+requests the full check costs ~8.5 µs more of the supervisor's CPU per job, about 5 % of
+what the serving processes spend per request on the MLP peers bench (bench/HISTORY.md,
+"Remembered descriptions, measured"). This is the one place a description is remembered:
+the protocol's parse_specs keeps nothing, and a refused description leaves nothing behind.
 
 What is kept is exact: a description is remembered only when every value in it is of the
 plain type the full check accepts (a str name and dtype, a list of non-bool ints as shape,
@@ -35,7 +38,9 @@ from supervisor.shared.padding import PadDim, batch_key, batch_keys
 from supervisor.shared.protocol import (
     BAD_REQUEST,
     ITEMSIZE,
+    MAX_ARRAYS,
     MAX_JOB_ID,
+    MAX_NDIM,
     UNKNOWN_MODEL,
     VERSION,
     Frame,
@@ -49,9 +54,7 @@ from supervisor.shared.protocol import (
     decode,
     frame_head,
     frame_length,
-    keep_specs,
     parse_specs,
-    specs_key,
 )
 
 if TYPE_CHECKING:
@@ -60,7 +63,7 @@ if TYPE_CHECKING:
 # The longest deadline a client may ask for (ms): a year. Longer is surely a unit mistake.
 MAX_TIMEOUT_MS = 365 * 86400 * 1000.0
 # Descriptions kept per model; past this the memory starts over (a client that sends a new
-# shape every time only costs the full check, as before).
+# shape every time costs the full check for each request, nothing more).
 MAX_KEPT = 1024
 # Header bytes a description may be known by, at most (a longer header is keyed by its
 # description's values): a client sends one header per shape and timeout, well under this.
@@ -75,8 +78,8 @@ class Passed:
     specs: list[TensorSpec]
     lengths: tuple[int, ...]  # bytes each array frame must have
     elements: int
-    # Worked out once per description rather than per job by the batching: what a batch
-    # mate must match when nothing is padded, and the job's rows (Job.rows).
+    # Worked out once per description rather than per job: what a batch mate must match
+    # when nothing is padded, and the job's rows (Job.rows).
     layout: Key
     rows: int | None
 
@@ -143,8 +146,7 @@ class Admission:
         job = Job(id=self.next_job_id, model=model, envelope=envelope, client_job_id=msg.job_id,
                   inputs=msg.header["inputs"], arrays=msg.arrays, received_at=now,
                   deadline=_deadline(msg.header.get("timeout_ms"), now), nbytes=nbytes,
-                  key=key, joins=joins)
-        job.rows = passed.rows  # what Job.rows would work out from the same specs
+                  key=key, joins=joins, rows=passed.rows)
         self.next_job_id += 1
         return job
 
@@ -181,17 +183,42 @@ class KnownDescriptions:
         known = self.passed.get(key) if key is not None else None
         if known is not None and known.inputs is inputs and _fits(known, frames, max_elements):
             return known
-        specs = parse_specs(raw, keep=False)
+        specs = parse_specs(raw)
         check_frames(specs, frames, max_elements)
         if inputs is not None:
             check_specs(inputs, specs)
-        keep_specs(raw, specs)  # passed: a refused description leaves nothing behind
         passed = described(inputs, specs)
         if key is not None and all(s.dtype in ITEMSIZE for s in specs):
             if len(self.passed) >= MAX_KEPT:
                 self.passed.clear()
             self.passed[key] = passed
         return passed
+
+
+def specs_key(specs: object) -> tuple[Any, ...] | None:
+    """What admission knows a description by when its header bytes are too long to:
+    ``((name, dtype, shape), ...)`` when every spec is a map of a str name, a str dtype and
+    a list of ints, at most MAX_ARRAYS of them; None for anything else, which is parsed (and
+    refused) the long way. Exact types only: a bool is not an int here."""
+    # No message carries more arrays than MAX_ARRAYS, so a longer list is never a key: a key
+    # holds every spec, and 1024 of ~2,000 specs each would be ~650 MiB kept in a supervisor.
+    if type(specs) is not list or len(specs) > MAX_ARRAYS:
+        return None
+    key: list[Any] = []
+    for spec in specs:
+        if type(spec) is not dict:
+            return None
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        if type(name) is not str or type(dtype) is not str or type(shape) is not list:
+            return None
+        if len(shape) > MAX_NDIM:
+            return None
+        dims = tuple(shape)
+        for dim in dims:  # a loop, not all() over a generator: a third of the walk's time
+            if type(dim) is not int:
+                return None
+        key.append((name, dtype, dims))
+    return tuple(key)
 
 
 def _fits(known: Passed, frames: Sequence[Frame], max_elements: int | None) -> bool:

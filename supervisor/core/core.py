@@ -183,9 +183,10 @@ class Core:
 
         A batch wait already over is left to the next free worker, whose answer wakes the
         loop (waking for it would spin while every worker is busy). A deadline already
-        passed is not: it wakes the loop at the next housekeeping, which answers it. A
-        wake-up that landed just before a housekeeping was due used to skip it, and then
-        the expired job waited for the next memory poll, up to a poll interval late."""
+        passed is not: it wakes the loop at the next housekeeping, which answers it. That
+        wake is kept even when it lands just before the housekeeping is due: skipping it
+        would leave the expired job waiting for the next memory poll, up to a poll interval
+        late."""
         wake = math.inf
         for model, state in self.pool.models.items():
             queue = self.router.queues.get(model)

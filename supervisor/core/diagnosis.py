@@ -355,7 +355,7 @@ def _python_objects(t: Trends, growth: float | None, latest: Probes | None,
     """Live Python allocations grow steadily, and the bytes Python keeps (small objects, and
     what the census weighed in the containers and buffers that grew: see growth_split) are
     SHARE of the growth or more. A worker that does not weigh its census (census_jobs
-    without census_bytes: older than that field) is judged as it was before: by counts."""
+    without census_bytes: a worker older than that field) is judged by counts alone."""
     if t.py_blocks is None or t.py_blocks < PY_BLOCKS_PER_1K:
         return False
     if growth is None or _keeps_graphs(latest):

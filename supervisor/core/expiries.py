@@ -1,8 +1,9 @@
 """The earliest deadline among a model's queued jobs, without scanning its queue.
 
 The daemon asks on every wake-up when the queues next need it (Core.queue_wake). Looking at
-the head of each queue only was O(1) but wrong whenever a later job had a shorter deadline
-than the head (clients send their own timeouts): that job was answered up to MAX_SLEEP late.
+the head of each queue only would be O(1) but wrong whenever a later job has a shorter
+deadline than the head (clients send their own timeouts): that job would be answered up to
+MAX_SLEEP late.
 Scanning every queued job on every wake-up would cost the hot path O(queue).
 
 So: a heap of (deadline, job id, job) per model, pushed whenever a job with a deadline is

@@ -6,7 +6,6 @@ every other core module can use ``Job`` without importing the router that queues
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,18 +36,10 @@ class Job:
     # A padded model's: by what it rides, padded up, in a batch of longer jobs (``Join``);
     # None: never.
     joins: Join | None = None
-
-    @functools.cached_property
-    def rows(self) -> int | None:
-        """The batch dimension all its arrays share; None (never batched with another job)
-        when there is none: no arrays, a 0-d array, or arrays that disagree."""
-        firsts = set()
-        for spec in self.inputs:
-            shape = spec.get("shape")
-            if not isinstance(shape, list) or not shape or not isinstance(shape[0], int):
-                return None
-            firsts.add(shape[0])
-        return firsts.pop() if len(firsts) == 1 else None
+    # The batch dimension all its arrays share (supervisor/shared/arrays.py batch_rows, set by
+    # admission from the parsed specs); None: there is none (no arrays, a 0-d array, arrays
+    # that disagree), and the job is never batched with another.
+    rows: int | None = None
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline

@@ -69,7 +69,7 @@ class VramReader:
         if seen_any and not used:
             self._once("pid_namespace", "NVML lists GPU processes but none of our workers' "
                        "pids: the supervisor probably runs in a container whose PID namespace "
-                       "differs from the driver's (see docs/operations.md)")
+                       "differs from the driver's (see docs/deployment.md, GPU notes)")
         return used
 
     def _once(self, key: str, message: str, level: str = "warning") -> None:

@@ -22,7 +22,6 @@ from supervisor.shared.strings import (
 )
 from supervisor.shared.wire import (
     MAX_ARRAY_BYTES,
-    MAX_ARRAYS,
     MAX_NAME,
     MAX_NDIM,
     ZERO_COPY_MIN,
@@ -88,9 +87,8 @@ class TensorSpec:
                                 f"(more than 2**63-1 bytes of {dtype})")
         return cls(name, dtype, tuple(shape))
 
-    # Both kept once computed: a spec parsed once (parse_specs remembers them) is checked
-    # against the frames of every reply or request it describes, and working them out each
-    # time was a third of unpacking a small array (measured: check_frames 1.1 -> 0.66 µs).
+    # Both kept once computed: unpacking reads them twice per spec (check_frames, then
+    # arrays_from), and admission once more for the description it keeps.
     @cached_property
     def concrete(self) -> tuple[int, ...]:
         """The shape of an actual array: an unknown dimension (a model's spec) counts as 0."""
@@ -215,61 +213,12 @@ def batch_rows(specs: Sequence[TensorSpec]) -> int | None:
     return next(iter(firsts))
 
 
-def parse_specs(specs: object, allow_none: bool = False, field: str = "inputs",
-                keep: bool = True) -> list[TensorSpec]:
-    """``field``: the header field the specs came from, as an error names it. Specs of plain
-    values parsed once are remembered (a client reads the same output specs in every reply):
-    the key holds every value the parse depends on, so a hit is what parsing would give.
-    ``keep=False``: only look them up; the caller keeps them (keep_specs) once they proved
-    to be what it wanted (admission: a description that passed), so a refused request's
-    specs are not kept."""
-    key = specs_key(specs, allow_none)
-    if key is not None and (known := _PARSED.get(key)) is not None:
-        return list(known)
-    parsed = _parse_specs(specs, allow_none, field)
-    if keep:
-        keep_specs(specs, parsed, allow_none)
-    return parsed
-
-
-def keep_specs(specs: object, parsed: Sequence[TensorSpec], allow_none: bool = False) -> None:
-    """Remember ``parsed`` as what ``specs`` parse to (the caller parsed them so)."""
-    key = specs_key(specs, allow_none)
-    if key is not None and len(_PARSED) < _PARSED_MAX:
-        _PARSED[key] = tuple(parsed)
-
-
-_PARSED: dict[tuple[Any, ...], tuple[TensorSpec, ...]] = {}
-_PARSED_MAX = 1024
-
-
-def specs_key(specs: object, allow_none: bool = False) -> tuple[Any, ...] | None:
-    """``(allow_none, (name, dtype, shape), ...)`` when every spec is a map of a str name, a
-    str dtype and a list of ints (and Nones), at most MAX_ARRAYS of them; None for anything
-    else, which is parsed (and refused) the long way. Exact types only: a bool is not an int
-    here."""
-    # No message carries more arrays than MAX_ARRAYS, so a longer list is never remembered:
-    # else 1024 refused headers of ~2,000 specs each kept ~650 MiB for good in a supervisor.
-    if type(specs) is not list or len(specs) > MAX_ARRAYS:
-        return None
-    key: list[Any] = [allow_none]
-    for spec in specs:
-        if type(spec) is not dict:
-            return None
-        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
-        if type(name) is not str or type(dtype) is not str or type(shape) is not list:
-            return None
-        if len(shape) > MAX_NDIM:
-            return None
-        dims = tuple(shape)
-        for dim in dims:  # a loop, not all() over a generator: a third of the walk's time
-            if type(dim) is not int and dim is not None:
-                return None
-        key.append((name, dtype, dims))
-    return tuple(key)
-
-
-def _parse_specs(specs: object, allow_none: bool, field: str) -> list[TensorSpec]:
+def parse_specs(specs: object, allow_none: bool = False,
+                field: str = "inputs") -> list[TensorSpec]:
+    """The header field ``field`` (as an error names it) parsed: one TensorSpec per entry,
+    names unique; ProtocolError on anything else. Nothing is remembered here: the supervisor
+    keeps the descriptions that passed admission (supervisor/core/admission.py), and a
+    worker parses a uniform batch's specs once for the whole batch (worker/uniform.py)."""
     if not isinstance(specs, list | tuple):
         got = "missing" if specs is None else f"got {type(specs).__name__}"
         raise ProtocolError(f"header field '{field}' must be a list of array specs ({got})")

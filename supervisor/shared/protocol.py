@@ -28,10 +28,8 @@ from supervisor.shared.arrays import (
     batch_rows,
     check_frames,
     check_specs,
-    keep_specs,
     pack_arrays,
     parse_specs,
-    specs_key,
     unpack_arrays,
     wire_dtype,
 )
@@ -107,7 +105,7 @@ __all__ = [
     "ZERO_COPY_MIN", "Frame", "JobEntry", "Limits", "Message", "ProtocolError", "TensorSpec",
     "arrays_from", "batch_rows", "bound_text", "check_frames", "check_specs", "decode",
     "encode", "error_message", "frame_buffer", "frame_bytes", "frame_head", "frame_length",
-    "keep_specs", "pack_arrays", "pack_job", "pack_results", "parse_header", "parse_specs",
-    "readable_job_ids", "show_value", "signed", "signed_by", "specs_key", "split_envelope",
+    "pack_arrays", "pack_job", "pack_results", "parse_header", "parse_specs",
+    "readable_job_ids", "show_value", "signed", "signed_by", "split_envelope",
     "unpack_arrays", "unpack_job", "unpack_results", "wire_dtype",
 ]
