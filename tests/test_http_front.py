@@ -458,3 +458,51 @@ def test_fronts_reach_a_daemon_whose_frontend_speaks_curve(tmp_path: Any) -> Non
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     finally:
         sup.stop()
+
+
+def test_https_beyond_loopback_rules_and_a_real_tls_handshake(tmp_path: Any) -> None:
+    """tls_cert and tls_key: the fronts speak HTTPS (a client that trusts the CA is
+    served, plain HTTP is not), and `check` refuses a key without its certificate and a
+    non-loopback address without TLS or insecure."""
+    import ssl
+
+    import trustme
+
+    from supervisor.config.loading import parse_config
+    from supervisor.config.settings import ConfigErrors
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    models = "models: {m: {handler: 'worker.handlers:echo'}}\n"
+    for section, words in (("{listen: '0.0.0.0:9'}", "without encryption"),
+                        ("{listen: '127.0.0.1:9', tls_key: k.pem}", "both tls_cert and tls_key"),
+                        ("{listen: 'nowhere'}", "HOST:PORT")):
+        with pytest.raises(ConfigErrors, match=words):
+            parse_config(f"supervisor: {{http: {section}}}\n{models}", tmp_path / "c.yaml")
+    port = free_port()
+    pem = str(tmp_path / "server.pem")
+    sup = start_supervisor({"supervisor": {"http": http_config(port, processes=1,
+                                                               tls_cert=pem, tls_key=pem)},
+                            "models": {"echo": echo_model(1)}})
+    try:
+        sup.wait_ready()
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        deadline = time.monotonic() + 30
+        while True:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            try:
+                conn.request("GET", "/v2/health/ready")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            assert time.monotonic() < deadline, "HTTPS never ready"
+            time.sleep(0.05)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            request(port, "GET", "/v2/health/ready", timeout=3)  # plain HTTP on a TLS port
+    finally:
+        sup.stop()
