@@ -79,6 +79,8 @@ def test_any_json_is_a_tensor_or_a_400(wire: str, value: Any, shape: list[int] |
         assert error.status == 400
     else:
         assert shape is None or spec["shape"] == shape
+        if wire != "string":  # the frame is exactly what the spec describes
+            assert len(frame) == int(np.prod(spec["shape"])) * WIRE_DTYPES[wire].itemsize
 
 
 # --- one answer per request, in order ------------------------------------------------------
