@@ -90,7 +90,7 @@ class FakeTransport(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.out = bytearray()
-        self.closed = False
+        self.closed = self.aborted = False
 
     def write(self, data: Any) -> None:
         self.out += bytes(data)
@@ -101,6 +101,9 @@ class FakeTransport(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
     def is_closing(self) -> bool:
         return self.closed
@@ -143,17 +146,21 @@ def request_bytes(i: int, body: bytes, chunked: bool, close: bool) -> bytes:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.binary(max_size=30), st.booleans()), min_size=1, max_size=20),
-       st.lists(st.integers(1, 50), max_size=40), st.booleans(), st.data())
+       st.lists(st.integers(1, 50), max_size=40), st.sampled_from(["keep", "close", "garbage"]),
+       st.data())
 def test_every_request_gets_one_answer_in_order_however_it_is_split(
-        bodies: list[tuple[bytes, bool]], cuts: list[int], close_last: bool,
-        data: Any) -> None:
+        bodies: list[tuple[bytes, bool]], cuts: list[int], end: str, data: Any) -> None:
     """Pipelined requests, fixed-length and chunked bodies, the bytes cut at random places
     and handlers finishing out of order: the answers are one per request, in request
-    order, each its own; `Connection: close` on the last ends the connection after it."""
+    order, each its own; `Connection: close` on the last ends the connection after it, and
+    bytes that are no request after the last get one 400, after every other answer."""
+    close_last = end == "close"
     delays = data.draw(st.lists(st.integers(0, 3), min_size=len(bodies),
                                 max_size=len(bodies)))
     raw = b"".join(request_bytes(i, body, chunked, close_last and i == len(bodies) - 1)
                    for i, (body, chunked) in enumerate(bodies))
+    if end == "garbage":
+        raw += b"NOT HTTP\0\r\n\r\n"
 
     async def answer(front: Any, request: Request) -> tuple[str, Response]:
         index = int(request.path.rsplit("/", 1)[1])
@@ -187,10 +194,41 @@ def test_every_request_gets_one_answer_in_order_however_it_is_split(
     finally:
         server.answer = original
     got = answers(bytes(transport.out))
+    if end == "garbage":
+        status, error = got.pop()
+        assert status == 400 and b"malformed" in error and transport.closed
     assert [status for status, _ in got] == [200] * len(bodies)
     assert [json.loads(body) for _, body in got] == [
         {"i": i, "body": body.hex()} for i, (body, _) in enumerate(bodies)]
-    assert transport.closed == close_last or not close_last
+    assert transport.closed or end == "keep"
+
+
+def test_a_client_that_takes_no_answer_is_cut_off() -> None:
+    """Its answers would pile up in the front: once writing has waited request_timeout for
+    the client to read, the connection is aborted."""
+    async def answer(front: Any, request: Request) -> tuple[str, Response]:
+        return "/x", json_response({"big": "x" * 1000})
+
+    async def run() -> FakeTransport:
+        conn = server.HttpConnection(None, server.Limits(1 << 20, 0.05, 30.0, 100, None),
+                                     server.Connections())  # type: ignore[arg-type]
+        transport = FakeTransport()
+        conn.connection_made(transport)
+        conn.pause_writing()  # the client's window is full
+        conn.data_received(request_bytes(0, b"", False, False) * 3)
+        for _ in range(200):
+            if transport.aborted:
+                break
+            await asyncio.sleep(0.01)
+        return transport
+
+    original = server.answer
+    server.answer = answer  # type: ignore[assignment]
+    try:
+        transport = asyncio.run(run())
+    finally:
+        server.answer = original
+    assert transport.aborted and len(answers(bytes(transport.out))) == 1
 
 
 def test_a_request_after_a_broken_one_is_not_answered() -> None:

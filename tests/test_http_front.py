@@ -22,11 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as triton
+import yaml
 from tritonclient.utils import InferenceServerException
 
+from supervisor.shared.exitcodes import DaemonExit
 from supervisor.testing import Supervisor, start_supervisor
 from tests.conftest import echo_model
 from tests.test_health import free_port
+from tests.test_http_framing import answers as responses_in
 
 ECHO_INPUTS = {"x": {"dtype": "float32", "shape": [None, 4]},
                "s": {"dtype": "string", "shape": [None]}}
@@ -194,6 +197,11 @@ def test_nested_and_flat_data_and_the_versions_form(sup: Supervisor) -> None:
     ({**infer_json("x", [1, 4], "FP32", [0] * 4), "id": ["list"]}, 400, "`id`"),
     ({**infer_json("x", [1, 4], "FP32", [0] * 4), "parameters": {"sequence_id": 3}}, 400,
      "sequence"),
+    (infer_json("x", [1, 4], "FP32", [[1, 2], [3, 4]]), 400, "nested data is shaped [2, 2]"),
+    ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4,
+                  "parameters": {"binary_data_size": 16}}]}, 400, "both `data` and"),
+    ({**infer_json("x", [1, 4], "FP32", [0] * 4), "parameters": {"timeout": "100"}}, 400,
+     'got "100"'),
 ])
 def test_bad_requests_are_answered_in_one_line(sup: Supervisor, body: Any, status: int,
                                                words: str) -> None:
@@ -229,13 +237,18 @@ def test_routes_methods_and_unknown_models(sup: Supervisor) -> None:
                                  ("GET", "/v2/models/nope/ready", 404),
                                  ("POST", "/v2/models/nope/infer", 404),
                                  ("GET", "/v2/models/echo/infer", 405),
+                                 ("DELETE", "/v2/models/echo/infer", 405),
+                                 ("PUT", "/v1/models/echo:predict", 405),
+                                 ("GET", "/v1/models/echo/labels/stable", 404),
                                  ("POST", "/v2/health/ready", 405),
                                  ("GET", "/v3/anything", 404),
                                  ("GET", "/v1/models/nope", 404),
                                  ("POST", "/v1/models/echo:classify", 501)):
-        got, _, raw = request(port, method, path, b"{}" if method == "POST" else None)
+        got, headers, raw = request(port, method, path, b"{}" if method != "GET" else None)
         assert got == status, (method, path, raw)
         error_of(raw)
+        if status == 405:  # says which method the route takes
+            assert headers["allow"] in ("GET", "POST")
     got, _, raw = request(port, "POST", "/v2/models/nope/infer",
                           infer_json("x", [1, 4], "FP32", [0] * 4))
     assert "served: any, echo, pair" in error_of(raw)
@@ -335,7 +348,9 @@ def test_http_metrics_on_the_daemons_metrics_and_fronts_in_status(sup: Superviso
                for line in text.splitlines() if line.startswith("tfsupervisor_http_")}
     infer = 'tfsupervisor_http_requests_total{code="200",route="/v2/models/{model}/infer"}'
     assert samples[infer] >= 3
-    assert samples['tfsupervisor_http_requests_total{code="404",route="-"}'] >= 1
+    # an error found after routing is counted under its route; "-" is for no route at all
+    assert samples['tfsupervisor_http_requests_total{code="404",route="/v2/models/{model}"}'] \
+        >= 1
     assert samples["tfsupervisor_http_received_bytes_total"] > 0
     assert 'tfsupervisor_http_request_seconds_bucket{le="+Inf",route="/v2/models/{model}/infer"}' \
         in samples
@@ -405,10 +420,24 @@ def test_sigterm_answers_requests_in_flight_then_stops() -> None:
             t.start()
         sup.wait_for(lambda s: s["models"]["echo"]["in_flight"] +
                      s["models"]["echo"]["queued"] == 3, 10, "three jobs in")
-        sup.process.send_signal(signal.SIGTERM)
+        slow = json.dumps(body).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as pipelined:
+            pipelined.sendall(post_bytes("/v2/models/echo/infer", slow) * 3)
+            sup.wait_for(lambda s: s["models"]["echo"]["in_flight"] +
+                         s["models"]["echo"]["queued"] >= 4, 10, "the pipelined job in")
+            sup.process.send_signal(signal.SIGTERM)
+            received = b""
+            while chunk := pipelined.recv(65536):  # until the front closes it
+                received += chunk
         for t in threads:
             t.join()
         assert answers == [200, 200, 200]
+        # all three pipelined requests were read before the drain: all answered, the last
+        # closing the connection (the 2nd and 3rd reached the daemon after its drain began:
+        # 503 shutting_down, never silence)
+        statuses = [status for status, _ in responses_in(received)]
+        assert len(statuses) == 3 and statuses[0] == 200, received
+        assert set(statuses[1:]) <= {200, 503}
         assert sup.process.wait(30) == 0
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -484,7 +513,8 @@ def test_https_beyond_loopback_rules_and_a_real_tls_handshake(tmp_path: Any) -> 
     port = free_port()
     pem = str(tmp_path / "server.pem")
     sup = start_supervisor({"supervisor": {"http": http_config(port, processes=1,
-                                                               tls_cert=pem, tls_key=pem)},
+                                                               tls_cert=pem, tls_key=pem,
+                                                               request_timeout="1s")},
                             "models": {"echo": echo_model(1)}})
     try:
         sup.wait_ready()
@@ -504,5 +534,130 @@ def test_https_beyond_loopback_rules_and_a_real_tls_handshake(tmp_path: Any) -> 
             time.sleep(0.05)
         with pytest.raises((OSError, http.client.HTTPException)):
             request(port, "GET", "/v2/health/ready", timeout=3)  # plain HTTP on a TLS port
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
+            started = time.monotonic()
+            assert silent.recv(1) == b""  # no handshake: closed at request_timeout (1 s)
+            assert time.monotonic() - started < 20
+    finally:
+        sup.stop()
+
+
+def raw_exchange(port: int, data: bytes, answers: int, timeout: float = 10.0) -> list[bytes]:
+    """Send bytes on one connection; read until ``answers`` responses (or the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(data)
+        got, buffer = [], b""
+        deadline = time.monotonic() + timeout
+        while len(got) < answers and time.monotonic() < deadline:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\r\n\r\n" in buffer:
+                head, _, rest = buffer.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                if len(rest) < length:
+                    break
+                got.append(head + b"\r\n\r\n" + rest[:length])
+                buffer = rest[length:]
+    return got
+
+
+def post_bytes(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n"
+            % (path.encode(), extra, len(body))) + body
+
+
+def test_requests_before_bad_bytes_are_answered_first(sup: Supervisor) -> None:
+    """A request the parser cannot read ends the connection with its 400 (or 413, 431),
+    after the answers to every request read before it, the slow one included."""
+    slow = json.dumps(infer_json("x", [1, 4], "FP32", [7, 0, 0, 0])).encode()
+    fast = json.dumps(infer_json("x", [1, 4], "FP32", [1, 0, 0, 0])).encode()
+    data = post_bytes("/v2/models/echo/infer", slow) + post_bytes("/v2/models/echo/infer",
+                                                                  fast) + b"GARBAGE\0\r\n\r\n"
+    got = raw_exchange(sup.port, data, 3)  # type: ignore[attr-defined]
+    assert [answer.split(b" ", 2)[1] for answer in got] == [b"200", b"200", b"400"]
+    assert b"connection: close" in got[2]
+
+
+def test_duplicate_headers_http2_and_expect_with_a_wrong_token(sup: Supervisor) -> None:
+    port = sup.port  # type: ignore[attr-defined]
+    body = json.dumps(infer_json("x", [1, 4], "FP32", [0] * 4)).encode()
+    got = raw_exchange(port, post_bytes("/v2/models/echo/infer", body,
+                                        b"Content-Type: a\r\nContent-Type: b\r\n"), 1)
+    assert got[0].startswith(b"HTTP/1.1 400") and b"twice" in got[0]
+    got = raw_exchange(port, b"GET /v2/health/live HTTP/2.0\r\nHost: x\r\n\r\n", 1)
+    assert got[0].startswith(b"HTTP/1.1 505")
+
+
+def test_nan_and_infinity_come_back_as_tokens_and_bytes_that_are_not_text(
+        sup: Supervisor) -> None:
+    client = triton.InferenceServerClient(f"127.0.0.1:{sup.port}")  # type: ignore[attr-defined]
+    values = triton.InferInput("v", [4], "FP32")
+    values.set_data_from_numpy(np.array([np.nan, np.inf, -np.inf, 1], np.float32))
+    result = client.infer("any", [values], outputs=[
+        triton.InferRequestedOutput("v", binary_data=False)])
+    got = result.as_numpy("v")
+    assert np.isnan(got[0]) and list(got[1:]) == [np.inf, -np.inf, 1]
+    text = triton.InferInput("t", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"\xff\xfe"], dtype=object))
+    with pytest.raises(InferenceServerException, match="not UTF-8"):
+        client.infer("any", [text], outputs=[triton.InferRequestedOutput("t",
+                                                                          binary_data=False)])
+    assert list(client.infer("any", [text]).as_numpy("t")) == [b"\xff\xfe"]  # binary: as is
+    status, _, raw = request(sup.port, "POST", "/v1/models/pair:predict",  # type: ignore
+                             {"instances": [{"x": [1, 2, 3, 4], "s": {"b64": "//4="}}]})
+    assert json.loads(raw)["predictions"][0]["s"] == {"b64": "//4="}
+
+
+def test_check_and_run_name_the_http_file_that_is_wrong(tmp_path: Any) -> None:
+    from supervisor.cli.preflight import preflight
+    from supervisor.config.loading import parse_config
+
+    (tmp_path / "bad.pem").write_text("not a certificate\n")
+    (tmp_path / "empty").write_text("\n")
+    cases = (({"tls_cert": "missing.pem", "tls_key": "missing.pem"}, "tls_cert",
+              "no such file"),
+             ({"tls_cert": "bad.pem", "tls_key": "bad.pem"}, "tls_cert", "not a PEM"),
+             ({"token_file": "nothing"}, "token_file", "No such file"),
+             ({"token_file": "empty"}, "token_file", "expected one token"))
+    for http, key, words in cases:
+        text = yaml.safe_dump({"supervisor": {"runtime_dir": str(tmp_path / "run"),
+                                              "http": {"listen": "127.0.0.1:1", **http}},
+                               "models": {"m": echo_model(1)}})
+        found = [f for f in preflight(parse_config(text, tmp_path / "c.yaml")) if f.error]
+        assert [f.where for f in found] == [f"supervisor.http.{key}"], found
+        assert words in found[0].message
+        config = tmp_path / "c.yaml"
+        config.write_text(text)
+        run = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c", str(config)],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == DaemonExit.CONFIG, run.stderr
+        assert f"supervisor.http: {key}" in run.stderr + run.stdout
+
+
+def test_not_ready_while_no_front_runs(tmp_path: Any) -> None:
+    """Fronts that cannot start (a certificate replaced by garbage) leave the daemon not
+    ready, by the same rule for /readyz, status --ready and the fronts themselves."""
+    import trustme
+
+    from supervisor.core.readiness import not_ready_reason
+
+    pem = tmp_path / "server.pem"
+    trustme.CA().issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    port = free_port()
+    sup = start_supervisor({"supervisor": {"http": http_config(
+        port, processes=1, tls_cert=str(pem), tls_key=str(pem))},
+        "models": {"echo": echo_model(1)}})
+    try:
+        sup.wait_ready()
+        assert not_ready_reason(sup.status(), None) is None
+        pem.write_text("garbage\n")
+        os.kill(sup.status()["http"]["fronts"][0]["pid"], signal.SIGKILL)
+        sup.wait_for(lambda s: s["http"]["fronts"][0]["restarts"] >= 2, 60,
+                     "the front failing to start again")
+        reason = not_ready_reason(sup.status(), None)
+        assert reason is not None and "no HTTP front is running" in reason
     finally:
         sup.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor.config.keys import Config, ModelConfig
 from supervisor.core.budget import Budget, sizing_problem
-from supervisor.daemon import security
+from supervisor.daemon import fronts, security
 from supervisor.daemon.cgroup import CgroupReader
 from supervisor.shared.certificates import load_certificate
 from supervisor.shared.versions import is_saved_model, served_version
@@ -43,6 +43,9 @@ def preflight(config: Config) -> list[Finding]:
         except security.UnknownGroup as exc:
             findings.append(Finding(True, f"supervisor.{setting}", str(exc).split(": ", 1)[1]))
     findings += _curve(config)
+    if sup.http.listen:
+        findings += [Finding(True, f"supervisor.http.{key}", message)
+                     for key, message in fronts.file_problems(sup.http)]
     findings += _memory_budget(config)
     return findings
 

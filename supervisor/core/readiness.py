@@ -22,14 +22,18 @@ Report = dict[str, Any]
 STARTING: Report = {"serving": False, "ready": False, "stopping": False, "models": {}}
 
 
-def readiness(pool: Pool, serving: bool, ready: bool, stopping: bool) -> Report:
+def readiness(pool: Pool, serving: bool, ready: bool, stopping: bool,
+              fronts: list[dict[str, Any]] | None = None) -> Report:
     """The fields of the status report that not_ready_reason reads (control.py's status
     gives the same ones, with more), nothing that could hold a secret: no error text."""
-    return {"serving": serving, "ready": ready, "stopping": stopping, "models": {
+    report: Report = {"serving": serving, "ready": ready, "stopping": stopping, "models": {
         name: {"required": state.config.required, "removed": state.removed,
                "failing_to_start": state.unavailable,
                "workers": [{"state": w.state.value} for w in pool.of_model(name)]}
         for name, state in pool.models.items()}}
+    if fronts is not None:  # the HTTP fronts' states, as `status` gives them
+        report["http"] = {"fronts": [{"state": f["state"]} for f in fronts]}
+    return report
 
 
 def not_ready_reason(report: Report, models: list[str] | None,
@@ -43,6 +47,10 @@ def not_ready_reason(report: Report, models: list[str] | None,
     served = report.get("models", {})
     if report.get("stopping"):
         return "the supervisor is stopping (draining: new jobs are answered shutting_down)"
+    fronts = (report.get("http") or {}).get("fronts")
+    if fronts and not any(f.get("state") == "running" for f in fronts):
+        return (f"no HTTP front is running (0 of {len(fronts)}; `tfsupervisor status` says "
+                "why they exit)")
     if not models:
         if report.get("ready"):
             return None

@@ -219,9 +219,12 @@ class Daemon:
             curve = (server.decode(), str(self.front_key[1]))
         self.fronts = Fronts(sup.http, endpoint, private / "front-metrics", sup.log_level,
                              self.log_format, curve)
-        with startup.step(f"supervisor.http.listen {sup.http.listen}"):
+        with startup.step("supervisor.http"):
             self.fronts.bind()
+        with startup.step(f"supervisor.http.listen {sup.http.listen}"):
+            self.fronts.listen()
         self.reporter.metrics.registry.register(self.fronts.collector())
+        self.reporter.fronts = self.fronts.facts  # readiness: no front running, not ready
 
     def _front_public(self) -> bytes | None:
         return self.front_key[0] if self.front_key is not None else None

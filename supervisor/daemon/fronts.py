@@ -68,28 +68,25 @@ class Fronts:
     # --- start ---------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """The listening socket, the TLS files and the token, checked before any front
-        starts: each problem is the start's error (OSError or ValueError with one line)."""
+        """The files (TLS, token, the http extra), then the listening socket, before any
+        front starts: a problem with a file is a ValueError naming its setting (a config
+        error), one with the address an OSError (the start's)."""
         assert self.settings.listen is not None
-        missing = [m for m in HTTP_MODULES if importlib.util.find_spec(m) is None]
-        if missing:
-            raise ValueError(f"{', '.join(missing)} not installed: the HTTP front needs the "
-                             "http extra (pip install 'tfsupervisor[http]')")
+        problems = file_problems(self.settings)
+        if problems:
+            raise ValueError("; ".join(f"{key}: {message}" for key, message in problems))
+        if self.settings.token_file:
+            self.token = Path(self.settings.token_file).read_text().strip()
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters of a previous run
+        self.metrics_dir.mkdir(mode=0o700, parents=True)
+
+    def listen(self) -> None:
+        assert self.settings.listen is not None
         host, _, port = self.settings.listen.rpartition(":")
         host = host.strip("[]") or "0.0.0.0"
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, int(port)), family=family, backlog=BACKLOG)
         self.sock.set_inheritable(True)
-        if self.settings.tls_cert:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-                self.settings.tls_cert, self.settings.tls_key)
-        if self.settings.token_file:
-            self.token = Path(self.settings.token_file).read_text().strip()
-            if not self.token or not self.token.isprintable() or " " in self.token:
-                raise ValueError(f"{self.settings.token_file}: expected one token of "
-                                 "printable characters without spaces")
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters of a previous run
-        self.metrics_dir.mkdir(mode=0o700, parents=True)
 
     def collector(self) -> MultiProcessCollector:
         """The fronts' metrics, added up from their files, for the daemon's registry."""
@@ -209,3 +206,34 @@ class Fronts:
                 "request_timeout": s.request_timeout, "max_body_size": s.max_body_size,
                 "max_connections": s.max_connections, "access_log": s.access_log,
                 "tls_cert": s.tls_cert, "tls_key": s.tls_key, **self.log_settings}
+
+
+def file_problems(settings: HttpSection) -> list[tuple[str, str]]:
+    """What `check` and the start both find wrong with the http section's files and
+    modules: (setting, problem), the setting named under supervisor.http."""
+    problems = []
+    missing = [m for m in HTTP_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        problems.append(("listen", f"{', '.join(missing)} not installed: the HTTP front needs "
+                         "the http extra (pip install 'tfsupervisor[http]')"))
+    if settings.tls_cert and settings.tls_key:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                settings.tls_cert, settings.tls_key)
+        except FileNotFoundError as exc:
+            key = "tls_key" if exc.filename == settings.tls_key else "tls_cert"
+            problems.append((key, f"{exc.filename or getattr(settings, key)}: no such file"))
+        except (OSError, ssl.SSLError) as exc:
+            problems.append(("tls_cert", f"{settings.tls_cert} and {settings.tls_key} are "
+                             f"not a PEM certificate chain and its private key ({exc})"))
+    if settings.token_file:
+        try:
+            token = Path(settings.token_file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(("token_file", f"{settings.token_file}: "
+                             f"{getattr(exc, 'strerror', None) or exc}"))
+        else:
+            if not token or not token.isprintable() or " " in token:
+                problems.append(("token_file", f"{settings.token_file}: expected one token "
+                                 "of printable characters without spaces"))
+    return problems

@@ -72,6 +72,8 @@ class Reporter:
         self.notifier = Notifier()
         self.errors = ErrorSummary()
         self.serving = False  # every model has its ready workers (READY=1 sent)
+        # The HTTP fronts' facts (daemon/fronts.py), when supervisor.http is on
+        self.fronts: Callable[[float], list[dict[str, Any]]] | None = None
         self.next_watchdog = 0.0
         self.next_publish = 0.0
         self.next_progress = now + STARTUP_PROGRESS
@@ -106,7 +108,8 @@ class Reporter:
             self.notifier.status(self.summary(now, stopping))
             self.metrics.publish(self.pool, self.router, self.budget)
             self.health.publish(readiness(self.pool, self.serving and not stopping,
-                                          self.ready_now(stopping), stopping))
+                                          self.ready_now(stopping), stopping,
+                                          self.fronts(now) if self.fronts else None))
 
     def serve(self, address: str) -> None:
         """Listen on supervisor.metrics: /metrics, /livez, /readyz."""

@@ -88,3 +88,11 @@ def version_of(entry: dict[str, Any]) -> str:
 
 def platform_of(entry: dict[str, Any]) -> str:
     return PLATFORMS.get(str(entry.get("kind")), "tensorflow")
+
+
+def not_loaded(name: str, entry: dict[str, Any]) -> str:
+    """Why a model's inputs are not known yet."""
+    if entry.get("failing_to_start"):
+        return (f"unavailable: model {name!r} cannot start its workers (`tfsupervisor "
+                "status` says why); its inputs are known once one is ready")
+    return f"model {name!r} has not loaded yet: its inputs are known once a worker is ready"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from supervisor.client.errors import JobError
 from supervisor.shared import protocol
 
@@ -28,10 +30,12 @@ MAX_MESSAGE = 1000
 class HttpError(Exception):
     """An answer other than 200, with one line for the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str,
+                 headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message[:MAX_MESSAGE]
+        self.headers = headers  # e.g. Allow with a 405
 
 
 def from_job(error: JobError) -> HttpError:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import socket
 import ssl
@@ -30,6 +31,7 @@ log = logs.get("supervisor.front")
 
 SETTINGS_ENV = "TFS_HTTP_SETTINGS"  # the http section, as JSON
 TOKEN_ENV = "TFS_HTTP_TOKEN"  # the bearer token, when token_file is set (never on argv)
+SPARE_DESCRIPTORS = 64  # kept for the front's own files and sockets
 CURVE_ENV = "TFS_FRONT_CURVE"  # under supervisor.curve: the daemon's key, the fronts' cert
 
 
@@ -76,13 +78,14 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
                   _version())
     access = (lambda line: log.info("http_request", line=line)) \
         if settings.get("access_log") else None
-    limits = Limits(int(settings.get("max_body_size", 64 * 1024**2)),
-                    float(settings.get("request_timeout", 30.0)),
-                    float(settings.get("keepalive_timeout", 5.0)),
-                    int(settings.get("max_connections", 1000)), access)
-    connections = Connections()
-    server = await loop.create_server(lambda: HttpConnection(front, limits, connections),
-                                      sock=sock, ssl=context)
+    max_body = int(settings.get("max_body_size", 64 * 1024**2))
+    request_timeout = float(settings.get("request_timeout", 30.0))
+    limits = Limits(max_body, request_timeout, float(settings.get("keepalive_timeout", 5.0)),
+                    _connections_allowed(int(settings.get("max_connections", 1000))), access)
+    connections = Connections(body_budget=2 * max_body)
+    server = await loop.create_server(
+        lambda: HttpConnection(front, limits, connections), sock=sock, ssl=context,
+        ssl_handshake_timeout=request_timeout if context is not None else None)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info("front_started", pid=os.getpid(), slot=args.slot)
@@ -94,6 +97,18 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     await client.close()
     log.info("front_stopped", pid=os.getpid(), slot=args.slot)
     return 0
+
+
+def _connections_allowed(configured: int) -> int:
+    """max_connections, within what the descriptor limit allows: past it a connection
+    could not even be accepted, and would be reset rather than answered 503."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or configured + SPARE_DESCRIPTORS <= soft:
+        return configured
+    allowed = max(1, soft - SPARE_DESCRIPTORS)
+    log.warning("front_connections_capped", max_connections=configured, allowed=allowed,
+                nofile=soft, hint="raise LimitNOFILE (ulimit -n) to allow more")
+    return allowed
 
 
 def _tls(settings: dict[str, Any]) -> ssl.SSLContext | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import orjson
@@ -38,12 +39,27 @@ class Response:
         return sum(frame_length(part) for part in self.body)
 
 
+def json_bytes(value: object, finite: bool = True) -> bytes:
+    """JSON; with ``finite`` False (a float tensor holds NaN or infinities) NaN, Infinity
+    and -Infinity are written as tokens, as TF Serving and Python's json write and read
+    them (standard JSON has none; orjson would write null and lose them)."""
+    if finite:
+        return orjson.dumps(value)
+    return json.dumps(value, allow_nan=True, separators=(",", ":")).encode()
+
+
+def json_shown(value: object) -> str:
+    """A value as the request had it, short: "100" (a string) is not 100."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def json_response(value: object, status: int = 200) -> Response:
     return Response(status, [orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)])
 
 
 def error_response(error: HttpError) -> Response:
-    headers = []
+    headers = list(error.headers)
     if error.status in RETRY_AFTER:
         headers.append((b"retry-after", RETRY_AFTER[error.status].encode()))
     if error.status == 401:

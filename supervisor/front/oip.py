@@ -19,9 +19,16 @@ import orjson
 from supervisor.client.aclient import AsyncClient
 from supervisor.client.errors import JobError
 from supervisor.front import tensors
-from supervisor.front.catalog import Catalog, platform_of, version_of
+from supervisor.front.catalog import Catalog, not_loaded, platform_of, version_of
 from supervisor.front.errors import HttpError, from_job
-from supervisor.front.messages import JSON, Request, Response, json_response
+from supervisor.front.messages import (
+    JSON,
+    Request,
+    Response,
+    json_bytes,
+    json_response,
+    json_shown,
+)
 from supervisor.shared.wire import MAX_ARRAYS, Frame, frame_length
 
 HEADER_LENGTH = b"inference-header-content-length"
@@ -41,8 +48,7 @@ def server_metadata(version: str) -> Response:
 def model_metadata(catalog: Catalog, name: str, version: str | None) -> Response:
     entry = catalog.model(name, version)
     if entry.get("inputs") is None:
-        raise HttpError(503, f"model {name!r} has not loaded yet: its inputs are known once "
-                        "a worker is ready")
+        raise HttpError(503, not_loaded(name, entry))
     return json_response({
         "name": name, "versions": [version_of(entry)], "platform": platform_of(entry),
         "inputs": [_tensor_metadata(spec) for spec in entry["inputs"]],
@@ -118,6 +124,9 @@ def _inputs(doc: dict[str, Any], binary: memoryview) -> tuple[list[dict[str, Any
                             f"{str(item.get('datatype'))[:32]!r}")
         shape = tensors.shape_of(name, item.get("shape"))
         size = _binary_size(name, item.get("parameters"))
+        if size is not None and "data" in item:
+            raise HttpError(400, f"input {name!r}: both `data` and binary_data_size; send "
+                            "one")
         if size is None:
             if "data" not in item:
                 raise HttpError(400, f"input {name!r}: no `data` and no binary_data_size")
@@ -182,7 +191,7 @@ def _timeout(parameters: object, default: float) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0 \
             or value / 1e6 > MAX_TIMEOUT:
         raise HttpError(400, "parameters.timeout must be a number of microseconds, more than "
-                        f"0 and at most a year, got {str(value)[:32]}")
+                        f"0 and at most a year, got {json_shown(value)}")
     return max(float(value) / 1e6, 0.001)
 
 
@@ -193,7 +202,7 @@ def _answer(name: str, version: str, request_id: object, specs: list[dict[str, A
     if wanted is not None and (missing := [n for n in wanted if n not in produced]):
         raise HttpError(400, f"model {name!r} has no output {missing[0][:64]!r} (outputs: "
                         f"{', '.join(sorted(produced))})")
-    outputs, chunks = [], []
+    outputs, chunks, finite = [], [], True
     for spec, frame in zip(specs, frames, strict=True):
         if wanted is not None and spec["name"] not in wanted:
             continue
@@ -206,11 +215,12 @@ def _answer(name: str, version: str, request_id: object, specs: list[dict[str, A
             chunks.append(chunk)
         else:
             out["data"] = tensors.json_values(spec, frame)
+            finite = finite and tensors.all_finite(spec, frame)
         outputs.append(out)
     doc: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outputs}
     if request_id is not None:
         doc["id"] = request_id
-    head = orjson.dumps(doc)
+    head = json_bytes(doc, finite)
     if not chunks:
         return Response(200, [head], JSON)
     return Response(200, [head, *chunks], BINARY,

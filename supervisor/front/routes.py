@@ -15,11 +15,12 @@ from supervisor.client.aclient import AsyncClient
 from supervisor.front import oip, tfserving
 from supervisor.front.catalog import Catalog
 from supervisor.front.errors import HttpError
-from supervisor.front.messages import Request, Response, json_response
+from supervisor.front.messages import Request, Response, error_response, json_response
 
 Handler = Callable[[Request], Awaitable[Response]]
 # Routes a load balancer or kubelet probes without a token.
 OPEN = ("/v2/health/live", "/v2/health/ready")
+GET, POST = b"GET", b"POST"
 
 
 @dataclass
@@ -35,53 +36,58 @@ class Front:
 
 
 async def answer(front: Front, request: Request) -> tuple[str, Response]:
-    """(route label, response) for a request; errors become their response."""
-    route, call = resolve(front, request)
-    if front.token is not None and route not in OPEN:
-        _authorize(front.token, request)
-    return route, await call(request)
+    """(route label, response) for a request; errors become their response, under the
+    route they were found on ("-": none was)."""
+    route = "-"
+    try:
+        route, call = resolve(front, request)
+        if front.token is not None and route not in OPEN and \
+                not authorized(front.token, request.headers):
+            raise HttpError(401, "missing or wrong bearer token (Authorization: Bearer "
+                            "TOKEN)")
+        return route, await call(request)
+    except HttpError as error:
+        return route, error_response(error)
 
 
 def resolve(front: Front, request: Request) -> tuple[str, Handler]:
     """The route a request names and its handler, or an HttpError (404, 405)."""
-    path, get = request.path, request.method == b"GET"
+    path, method = request.path, request.method
     parts = path.split("/")
     if path.startswith("/v2"):
-        return _v2(front, parts, get)
+        return _v2(front, parts, method)
     if path.startswith("/v1/models/"):
-        return _v1(front, parts, get)
+        return _v1(front, parts, method)
     raise HttpError(404, f"no such route: {path[:100]} (the Open Inference Protocol is under "
                     "/v2, TF Serving's REST API under /v1/models)")
 
 
-def _v2(front: Front, parts: list[str], get: bool) -> tuple[str, Handler]:
+def _v2(front: Front, parts: list[str], method: bytes) -> tuple[str, Handler]:
     catalog = front.catalog
     tail = parts[2:]
     if tail in ([], [""]):
-        return _only_get(get, "/v2", lambda r: _ready(oip.server_metadata(front.version)))
+        return _only(method, GET, "/v2", lambda r: _ready(oip.server_metadata(front.version)))
     if tail == ["health", "live"]:
-        return _only_get(get, "/v2/health/live", lambda r: _ready(json_response({"live":
+        return _only(method, GET, "/v2/health/live", lambda r: _ready(json_response({"live":
                                                                                  True})))
     if tail == ["health", "ready"]:
-        return _only_get(get, "/v2/health/ready", lambda r: _ready(_server_ready(catalog)))
+        return _only(method, GET, "/v2/health/ready", lambda r: _ready(_server_ready(catalog)))
     if len(tail) < 2 or tail[0] != "models" or not tail[1]:
         raise HttpError(404, f"no such route: {'/'.join(parts)[:100]}")
     name, version, rest = _model_path(tail[1:])
     if rest == []:
-        return _only_get(get, "/v2/models/{model}", lambda r: _ready(
+        return _only(method, GET, "/v2/models/{model}", lambda r: _ready(
             oip.model_metadata(catalog, name, version)))
     if rest == ["ready"]:
-        return _only_get(get, "/v2/models/{model}/ready", lambda r: _ready(
+        return _only(method, GET, "/v2/models/{model}/ready", lambda r: _ready(
             _model_ready(catalog, name, version)))
     if rest == ["infer"]:
-        if get:
-            raise HttpError(405, "infer takes POST")
-        return "/v2/models/{model}/infer", lambda r: oip.infer(
-            front.client, catalog, r, name, version, front.default_timeout)
+        return _only(method, POST, "/v2/models/{model}/infer", lambda r: oip.infer(
+            front.client, catalog, r, name, version, front.default_timeout))
     raise HttpError(404, f"no such route: {'/'.join(parts)[:100]}")
 
 
-def _v1(front: Front, parts: list[str], get: bool) -> tuple[str, Handler]:
+def _v1(front: Front, parts: list[str], method: bytes) -> tuple[str, Handler]:
     tail = parts[3:]  # after /v1/models/
     verb = ""
     if tail and ":" in tail[-1]:
@@ -90,23 +96,23 @@ def _v1(front: Front, parts: list[str], get: bool) -> tuple[str, Handler]:
         raise HttpError(404, "no such route: /v1/models/ needs a model name")
     name, version = unquote(tail[0]), None
     rest = tail[1:]
-    if len(rest) >= 2 and rest[0] in ("versions", "labels"):
-        version = unquote(rest[1]) if rest[0] == "versions" else None
-        rest = rest[2:]
+    if len(rest) >= 2 and rest[0] == "labels":
+        raise HttpError(404, f"model {name[:64]!r}: version labels are not served (serve "
+                        "/v1/models/NAME or /v1/models/NAME/versions/N)")
+    if len(rest) >= 2 and rest[0] == "versions":
+        version, rest = unquote(rest[1]), rest[2:]
     catalog = front.catalog
     if verb:
         if rest or verb != "predict":
             raise HttpError(404 if rest else 501, f"{verb!r} is not served: tfsupervisor "
                             "serves :predict" if not rest else "no such route")
-        if get:
-            raise HttpError(405, ":predict takes POST")
-        return "/v1/models/{model}:predict", lambda r: tfserving.predict(
-            front.client, catalog, r, name, version, front.default_timeout)
+        return _only(method, POST, "/v1/models/{model}:predict", lambda r: tfserving.predict(
+            front.client, catalog, r, name, version, front.default_timeout))
     if rest == []:
-        return _only_get(get, "/v1/models/{model}", lambda r: _ready(
+        return _only(method, GET, "/v1/models/{model}", lambda r: _ready(
             tfserving.status(catalog, name, version)))
     if rest == ["metadata"]:
-        return _only_get(get, "/v1/models/{model}/metadata", lambda r: _ready(
+        return _only(method, GET, "/v1/models/{model}/metadata", lambda r: _ready(
             tfserving.metadata(catalog, name, version)))
     raise HttpError(404, f"no such route: {'/'.join(parts)[:100]}")
 
@@ -118,9 +124,9 @@ def _model_path(tail: list[str]) -> tuple[str, str | None, list[str]]:
     return name, version, rest
 
 
-def _only_get(get: bool, route: str, handler: Handler) -> tuple[str, Handler]:
-    if not get:
-        raise HttpError(405, f"{route} takes GET")
+def _only(method: bytes, allowed: bytes, route: str, handler: Handler) -> tuple[str, Handler]:
+    if method != allowed:
+        raise HttpError(405, f"{route} takes {allowed.decode()}", [(b"allow", allowed)])
     return route, handler
 
 
@@ -142,8 +148,7 @@ def _model_ready(catalog: Catalog, name: str, version: str | None) -> Response:
     return json_response({"name": name, "ready": True})
 
 
-def _authorize(token: bytes, request: Request) -> None:
-    given = request.headers.get(b"authorization", b"")
-    scheme, _, value = given.partition(b" ")
-    if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), token):
-        raise HttpError(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+def authorized(token: bytes, headers: dict[bytes, bytes]) -> bool:
+    """The request carries ``Authorization: Bearer TOKEN`` (compared in constant time)."""
+    scheme, _, value = headers.get(b"authorization", b"").partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(value.strip(), token)

@@ -28,7 +28,7 @@ import httptools
 from supervisor.front import metrics
 from supervisor.front.errors import HttpError
 from supervisor.front.messages import Request, Response, error_response
-from supervisor.front.routes import Front, answer
+from supervisor.front.routes import OPEN, Front, answer, authorized
 from supervisor.shared.wire import frame_buffer
 
 MAX_HEAD = 64 * 1024  # request line and headers together
@@ -37,6 +37,41 @@ PIPELINE = 16  # requests parsed ahead of the one being answered
 # sends each buffer of writelines() on its own: two system calls where one does).
 JOIN_UP_TO = 64 * 1024
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+# Headers that must not be given twice (which one would count is ambiguous).
+SINGLE = frozenset({b"authorization", b"content-length", b"inference-header-content-length",
+                    b"content-type", b"expect"})
+
+
+class Final:
+    """The last answer a connection gives: an error for bytes that could not be read as a
+    request, after the answers to every request read before them."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: HttpError) -> None:
+        self.error = error
+
+
+class Budget:
+    """Body bytes one front handles at once: a JSON body is parsed into Python objects some
+    16 times its size, so many large ones at once could take a front's memory. A request
+    waits for its share; one larger than the whole budget goes alone."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.used = capacity, 0
+        self.changed = asyncio.Condition()
+
+    async def acquire(self, size: int) -> int:
+        size = min(size, self.capacity)
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.used + size <= self.capacity)
+            self.used += size
+        return size
+
+    async def release(self, size: int) -> None:
+        async with self.changed:
+            self.used -= size
+            self.changed.notify_all()
 
 
 class Limits:
@@ -48,12 +83,13 @@ class Limits:
 
 
 class Connections:
-    """The open connections of one front process."""
+    """The open connections of one front process, and the body bytes they handle."""
 
-    def __init__(self) -> None:
+    def __init__(self, body_budget: int = 2 * 64 * 1024**2) -> None:
         self.open: set[HttpConnection] = set()
         self.draining = False
         self.empty = asyncio.Event()
+        self.budget = Budget(body_budget)
 
     def drain(self) -> None:
         self.draining = True
@@ -75,7 +111,10 @@ class HttpConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.pending: deque[tuple[Request, bool]] = deque()
+        # Requests read and not yet answered, in order; a Final ends the connection.
+        self.pending: deque[tuple[Request, bool] | Final] = deque()
+        self.pending_bytes = 0  # of their bodies: read-ahead is bounded in bytes too
+        self.broken = False  # the bytes can no longer be read as requests
         self.busy = False
         self.closing = False
         self.writable = asyncio.Event()
@@ -116,7 +155,7 @@ class HttpConnection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self.broken:
             return
         try:
             self.parser.feed_data(data)
@@ -126,7 +165,7 @@ class HttpConnection(asyncio.Protocol):
             self._fail(self.refused or HttpError(400, f"malformed HTTP request: {exc}"))
 
     def drain(self) -> None:
-        """Stop after the request under way (or now, when idle)."""
+        """Stop after the requests already read are answered (or now, when idle)."""
         if not self.busy and not self.pending and not self.reading:
             self._close()
 
@@ -143,15 +182,31 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value))
-        self.headers[name.lower()] = value
+        name = name.lower()
+        if name in SINGLE and name in self.headers:
+            self._refuse(HttpError(400, f"the {name.decode()} header is given twice"))
+        self.headers[name] = value
 
     def on_headers_complete(self) -> None:
+        if not self.parser.get_http_version().startswith("1."):
+            self._refuse(HttpError(505, "only HTTP/1.0 and HTTP/1.1 are served"))
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limits.max_body:
             self._refuse(HttpError(413, f"the body is {int(length)} bytes, over this "
                                    f"server's limit of {self.limits.max_body}"))
         elif self.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport:
+            self._check_token_early()
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _check_token_early(self) -> None:
+        """A body the client waits to send (Expect: 100-continue) is never asked for when
+        its token is wrong: refused before it is read."""
+        if self.front.token is None:
+            return
+        path = httptools.parse_url(self.url).path.decode("latin-1")
+        if path not in OPEN and not authorized(self.front.token, self.headers):
+            self._refuse(HttpError(401, "missing or wrong bearer token (Authorization: "
+                                   "Bearer TOKEN)"))
 
     def on_body(self, body: bytes) -> None:
         self.body_size += len(body)
@@ -172,8 +227,10 @@ class HttpConnection(asyncio.Protocol):
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         request = Request(self.parser.get_method(), path, query, self.headers, body)
         self.pending.append((request, self.parser.should_keep_alive()))
+        self.pending_bytes += len(body)
         self.reading = False
-        if len(self.pending) > PIPELINE and self.transport is not None:
+        if (len(self.pending) > PIPELINE or self.pending_bytes > self.limits.max_body) \
+                and self.transport is not None:
             self.transport.pause_reading()
         if not self.busy:
             self.busy = True
@@ -183,39 +240,65 @@ class HttpConnection(asyncio.Protocol):
 
     async def _answer_all(self) -> None:
         while self.pending and not self.closing:
-            request, keep_alive = self.pending.popleft()
-            if self.transport is not None and len(self.pending) <= PIPELINE // 2:
+            item = self.pending.popleft()
+            if isinstance(item, Final):
+                self._write(error_response(item.error), keep_alive=False)
+                self._close()
+                return
+            request, keep_alive = item
+            self.pending_bytes -= len(request.body)
+            if self.transport is not None and not self.broken and \
+                    len(self.pending) <= PIPELINE // 2 and \
+                    self.pending_bytes <= self.limits.max_body // 2:
                 self.transport.resume_reading()
-            started = time.perf_counter()
-            metrics.IN_FLIGHT.inc()
-            try:
-                route, response = await answer(self.front, request)
-            except HttpError as exc:
-                route, response = "-", error_response(exc)
-            except Exception as exc:  # a bug: the client gets one line, the log the rest
-                metrics.log_failure(exc)
-                route, response = "-", error_response(HttpError(500, "internal error in "
-                                                                "the HTTP front"))
-            finally:
-                metrics.IN_FLIGHT.dec()
-            keep = keep_alive and not self.connections.draining
+            response = await self._answer(request)
+            # Draining: the requests already read are answered, the last one closes.
+            keep = keep_alive and not (self.connections.draining and not self.pending)
             self._write(response, keep)
-            metrics.observe(route, response.status, time.perf_counter() - started,
-                            len(request.body), response.length)
-            if self.limits.access_log is not None:
-                self.limits.access_log(f"{request.method.decode()} {request.path[:200]} "
-                                       f"{response.status} "
-                                       f"{time.perf_counter() - started:.4f}s")
             if not keep:
                 self._close()
                 return
-            await self.writable.wait()
+            if not self.writable.is_set() and not await self._written():
+                return
         self.busy = False
         if not self.closing:
-            if self.connections.draining:
+            if self.connections.draining and not self.reading:
                 self._close()
             elif not self.reading:
                 self._arm(self.limits.keepalive_timeout, self._idle)
+
+    async def _answer(self, request: Request) -> Response:
+        started = time.perf_counter()
+        metrics.IN_FLIGHT.inc()
+        share = await self.connections.budget.acquire(len(request.body))
+        try:
+            route, response = await answer(self.front, request)
+        except Exception as exc:  # a bug: the client gets one line, the log the rest
+            metrics.log_failure(exc)
+            route, response = "-", error_response(HttpError(500, "internal error in the "
+                                                            "HTTP front"))
+        finally:
+            await self.connections.budget.release(share)
+            metrics.IN_FLIGHT.dec()
+        seconds = time.perf_counter() - started
+        metrics.observe(route, response.status, seconds, len(request.body), response.length)
+        if self.limits.access_log is not None:
+            self.limits.access_log(f"{request.method.decode('latin-1')} {route} "
+                                   f"{response.status} {seconds:.4f}s "
+                                   f"{request.path[:100]}")
+        return response
+
+    async def _written(self) -> bool:
+        """Wait for a client to take what was written; one that takes nothing for
+        request_timeout is cut off (its answers would pile up in this process)."""
+        try:
+            await asyncio.wait_for(self.writable.wait(), self.limits.request_timeout)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()
+            self.closing = True
+            return False
+        return True
 
     def _write(self, response: Response, keep_alive: bool) -> None:
         if self.transport is None or self.closing:
@@ -245,10 +328,17 @@ class HttpConnection(asyncio.Protocol):
         raise httptools.HttpParserCallbackError(error.message)
 
     def _fail(self, error: HttpError) -> None:
-        """Answer an error and close (the request cannot be read further)."""
+        """No more requests can be read: answer those read before, then ``error``, then
+        close."""
         metrics.observe("-", error.status, 0.0, self.body_size, 0)
-        if not self.busy:
-            self._write(error_response(error), keep_alive=False)
+        self.broken = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.pause_reading()
+        if self.busy or self.pending:
+            self.pending.append(Final(error))
+            return
+        self._write(error_response(error), keep_alive=False)
         self._close()
 
     def _slow(self) -> None:

@@ -72,6 +72,9 @@ def from_values(name: str, wire: str, shape: list[int] | None, data: object) -> 
     target = WIRE_DTYPES[wire]
     if target.kind in "iu" and array.dtype.kind in "fO":
         array = _exact_ints(name, wire, array, data)  # past int64 numpy reads floats
+    if target.kind in "iu" and array.dtype.kind == "f" and array.size and \
+            bool(np.isfinite(array).all()) and bool((array == np.trunc(array)).all()):
+        array = _integral(name, wire, array)  # 1.0 is an integer; 1.5 is not
     if array.size and array.dtype.kind not in _ACCEPTED_KINDS[target.kind]:
         want = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
         raise HttpError(400, f"input {name!r}: {wire} data must hold {want[target.kind]}, "
@@ -90,9 +93,20 @@ def from_values(name: str, wire: str, shape: list[int] | None, data: object) -> 
         if array.size != count(shape):
             raise HttpError(400, f"input {name!r}: shape {shape} holds {count(shape)} "
                             f"elements, data has {array.size}")
+        if array.ndim > 1 and list(array.shape) != shape:
+            raise HttpError(400, f"input {name!r}: nested data is shaped "
+                            f"{list(array.shape)}, not {shape} (or send it flat)")
         array = array.reshape(shape)
     return ({"name": name, "dtype": wire, "shape": list(array.shape)},
             np.ascontiguousarray(array).tobytes())
+
+
+def _integral(name: str, wire: str, array: np.ndarray) -> np.ndarray:
+    info = np.iinfo(WIRE_DTYPES[wire])
+    if float(array.min()) < info.min or float(array.max()) > info.max:
+        raise HttpError(400, f"input {name!r}: a value is out of {wire}'s range "
+                        f"[{info.min}, {info.max}]")
+    return array.astype(np.int64 if info.min < 0 else np.uint64)
 
 
 def _exact_ints(name: str, wire: str, array: np.ndarray, data: object) -> np.ndarray:
@@ -213,13 +227,25 @@ def binary_of(spec: Spec, frame: Frame) -> Frame:
 
 
 def json_values(spec: Spec, frame: Frame) -> list[Any]:
-    """An output's elements, flat, as JSON values (text decoded as UTF-8, undecodable bytes
-    replaced: ask for binary data to get them exactly)."""
+    """An output's elements, flat, as JSON values; strings must be UTF-8 text (other bytes
+    cannot be JSON: the error says to ask for the output binary)."""
     if spec["dtype"] == STRING:
-        return [item.decode("utf-8", "replace")
-                for item in strings_of(frame, count(spec["shape"]))]
+        try:
+            return [item.decode() for item in strings_of(frame, count(spec["shape"]))]
+        except UnicodeDecodeError:
+            raise HttpError(400, f"output {spec['name']!r} holds bytes that are not UTF-8 "
+                            "text, which JSON cannot carry: ask for it binary "
+                            "(parameters.binary_data: true)") from None
     values: list[Any] = np.frombuffer(frame_buffer(frame), WIRE_DTYPES[spec["dtype"]]).tolist()
     return values
+
+
+def all_finite(spec: Spec, frame: Frame) -> bool:
+    """No NaN or infinity in a float output (others are finite by type)."""
+    if spec["dtype"] not in ("float16", "float32", "float64"):
+        return True
+    return bool(np.isfinite(np.frombuffer(frame_buffer(frame),
+                                          WIRE_DTYPES[spec["dtype"]])).all())
 
 
 def _kind_name(array: np.ndarray) -> str:

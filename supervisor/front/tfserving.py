@@ -19,9 +19,9 @@ import orjson
 from supervisor.client.aclient import AsyncClient
 from supervisor.client.errors import JobError
 from supervisor.front import tensors
-from supervisor.front.catalog import Catalog, version_of
+from supervisor.front.catalog import Catalog, not_loaded, version_of
 from supervisor.front.errors import HttpError, from_job
-from supervisor.front.messages import JSON, Request, Response, json_response
+from supervisor.front.messages import JSON, Request, Response, json_bytes, json_response
 from supervisor.shared.strings import STRING
 from supervisor.shared.wire import Frame
 
@@ -50,8 +50,7 @@ def status(catalog: Catalog, name: str, version: str | None) -> Response:
 def metadata(catalog: Catalog, name: str, version: str | None) -> Response:
     entry = catalog.model(name, version)
     if entry.get("inputs") is None:
-        raise HttpError(503, f"model {name!r} has not loaded yet: its signature is known "
-                        "once a worker is ready")
+        raise HttpError(503, not_loaded(name, entry))
     signature = {"inputs": _signature_tensors(entry["inputs"]),
                  "outputs": _signature_tensors(entry.get("outputs") or []),
                  "method_name": "tensorflow/serving/predict"}
@@ -73,7 +72,7 @@ async def predict(client: AsyncClient, catalog: Catalog, request: Request, name:
     entry = catalog.model(name, version)
     specs = entry.get("inputs")
     if specs is None:
-        raise HttpError(503, f"model {name!r} has not loaded yet")
+        raise HttpError(503, not_loaded(name, entry))
     doc = _parse(request.body)
     signature = doc.get("signature_name", SIGNATURE) or SIGNATURE
     if signature != SIGNATURE:
@@ -104,7 +103,9 @@ def _parse(body: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         try:  # TF Serving's JSON also takes NaN, Infinity and -Infinity
             doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
+        except RecursionError:
+            raise HttpError(400, "the request's JSON is nested too deeply") from None
+        except ValueError as exc:
             raise HttpError(400, f"the request is not JSON: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise HttpError(400, 'the request must be a JSON object with "instances" or "inputs"')
@@ -176,12 +177,9 @@ def _answer(specs: list[dict[str, Any]], frames: list[Frame], rows: bool) -> Res
                                     for i in range(count)]}
     else:
         body = {"outputs": next(iter(arrays.values())) if len(arrays) == 1 else arrays}
-    finite = all(spec["dtype"] not in ("float16", "float32", "float64") or
-                 bool(np.isfinite(tensors.array_of(spec, frame)).all())
+    finite = all(tensors.all_finite(spec, frame)
                  for spec, frame in zip(specs, frames, strict=True))
-    if finite:
-        return Response(200, [orjson.dumps(body)], JSON)
-    return Response(200, [json.dumps(body, allow_nan=True).encode()], JSON)
+    return Response(200, [json_bytes(body, finite)], JSON)
 
 
 def _values(spec: dict[str, Any], frame: Frame) -> Any:
@@ -189,9 +187,20 @@ def _values(spec: dict[str, Any], frame: Frame) -> Any:
     if spec["dtype"] != STRING:
         return array.tolist()
     as_b64 = spec["name"].endswith("_bytes")
-    flat = [{"b64": base64.b64encode(item).decode()} if as_b64
-            else item.decode("utf-8", "replace") for item in array.ravel()]
+    flat = [_b64(item) if as_b64 else _text_or_b64(item) for item in array.ravel()]
     return np.array(flat, dtype=object).reshape(array.shape).tolist() if array.ndim else \
         flat[0]
 
 
+
+
+def _b64(item: bytes) -> dict[str, str]:
+    return {"b64": base64.b64encode(item).decode()}
+
+
+def _text_or_b64(item: bytes) -> str | dict[str, str]:
+    """Text as text; bytes that are not UTF-8 as {"b64": ...}, never altered."""
+    try:
+        return item.decode()
+    except UnicodeDecodeError:
+        return _b64(item)
