@@ -5,6 +5,10 @@ leak demo of the README's tour does what it says within a bounded time."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+import time
 from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ import yaml
 from supervisor.client import Client
 from supervisor.config.keys import ModelConfig, PolicyConfig, SupervisorSection, TfConfig
 from supervisor.config.settings import section_fields
+from tests.conftest import short_tmpdir
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("saved_model", "keras", "handler")  # what to serve: no default to tell
@@ -99,3 +104,33 @@ def test_sequences_of_different_lengths_are_sent_as_the_docs_say(
     readme = (REPO / "README.md").read_text()
     assert "send sequences of different lengths as separate jobs" in readme
 
+
+def test_the_readme_leak_demo_recycles_the_leak_and_loses_no_job() -> None:
+    """The tour's one command, as written (its own copy of the config, so that its sockets
+    do not meet a demo run by hand): within the README's "under a minute" (with slack for
+    a loaded machine) the leaking workers are recycled for their trend, with its named
+    cause, their replacements serve, and every job sent is answered."""
+    readme = (REPO / "README.md").read_text()
+    assert "\n.venv/bin/python examples/leak_demo.py\n" in readme
+    workdir = short_tmpdir()
+    try:
+        config = workdir / "leak.yaml"
+        shutil.copy(REPO / "examples" / "leak.yaml", config)
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, str(REPO / "examples" / "leak_demo.py"),
+                              "-c", str(config), "--limit", "100"],
+                             capture_output=True, text=True, timeout=150)
+        took = time.monotonic() - started
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "worker_recycling: worker=leaky-1, reason=growth_per_1k_jobs" in text, text
+    assert "cause=python_objects" in text
+    assert re.search(r"leaky-\d .*\+1\d\d\.\dMiB .*growing: Python objects", text), text
+    assert "worker_ready: worker=leaky-3" in text
+    assert re.search(r"worker_exited: worker=leaky-1, reason=growth_per_1k_jobs.*exit 0", text)
+    summary = re.search(r"jobs: (\d+) sent, (\d+) answered, 0 failed; recycles: "
+                        r"\{'growth_per_1k_jobs': [2-9]\}; daemon exit 0", text)
+    assert summary and summary[1] == summary[2] and int(summary[1]) > 300, text[-2000:]
+    assert took < 100, took
