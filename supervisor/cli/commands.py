@@ -94,13 +94,42 @@ def cmd_check(args: argparse.Namespace) -> int:
     findings = preflight(config)
     for finding in findings:
         print(f"{args.config}: {finding}", file=sys.stderr)
-    if any(f.error for f in findings):
+    failed = any(f.error for f in findings)
+    if args.load:
+        failed = _check_loads(args, config, {f.where.split(".")[1] for f in findings
+                                             if f.error and f.where.startswith("models.")}) \
+            or failed
+    if failed:
         return 1
     workers = sum(m.workers for m in config.models.values())
+    loaded = "loaded, " if args.load else ""
     print(f"{args.config}: OK — {len(config.models)} model(s) "
-          f"({', '.join(sorted(config.models))}), {workers} worker(s), "
-          f"frontend {', '.join(config.supervisor.endpoints)}")
+          f"({', '.join(sorted(config.models))}; {loaded}files checked), {workers} worker(s), "
+          f"frontend {', '.join(config.supervisor.endpoints)}; runtime dir "
+          f"{config.supervisor.runtime_dir} takes a file and a socket (tried and removed)")
     return 0
+
+
+def _check_loads(args: argparse.Namespace, config: Config, broken: set[str]) -> bool:
+    """Each model (but those already found broken) loaded by a worker as `run` starts one;
+    True if any fails, with the error `run` would report it unavailable with."""
+    from supervisor.cli.loadcheck import load_model
+
+    timeout = args.timeout if args.timeout is not None else config.supervisor.start_timeout
+    failed = False
+    for name in config.models:
+        if name in broken:
+            continue
+        result = load_model(config, name, timeout)
+        if result.error is not None:
+            failed = True
+            print(f"{args.config}: error: models.{name}: does not load: {result.error}",
+                  file=sys.stderr)
+        else:
+            version = f" (version {result.version})" if result.version is not None else ""
+            print(f"{args.config}: models.{name}: loaded and warmed up{version} in "
+                  f"{result.seconds:.1f}s")
+    return failed
 
 
 def _control_endpoint(args: argparse.Namespace, admin: bool) -> str:
@@ -621,7 +650,16 @@ def build_parser() -> argparse.ArgumentParser:
     run = add("run", cmd_run, "Run the supervisor in the foreground.")
     run.add_argument("--log-format", choices=("auto", "console", "json"), default=None,
                      help="override supervisor.log_format")
-    add("check", cmd_check, "Validate a config file; exit 1 on any error.")
+    check = add("check", cmd_check, "Validate a config file and what this host must have "
+                "for it (model files, handler modules, the runtime dir); exit 1 on any error.")
+    check.add_argument("--load", action="store_true",
+                       help="also load each model in a worker process as `run` does (the "
+                       "highest version of a versioned directory), checking its padding and "
+                       "warming it up, and report the error `run` would give; seconds per "
+                       "TensorFlow model")
+    check.add_argument("--timeout", type=timeout_seconds, metavar="SECONDS",
+                       help="with --load: how long each model may take to be ready "
+                       "(default: supervisor.start_timeout)")
     infer = add("infer", cmd_infer, "Submit one job and print its outputs.")
     infer.add_argument("model")
     infer.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
