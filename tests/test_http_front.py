@@ -608,7 +608,7 @@ def test_nan_and_infinity_come_back_as_tokens_and_bytes_that_are_not_text(
     assert list(client.infer("any", [text]).as_numpy("t")) == [b"\xff\xfe"]  # binary: as is
     status, _, raw = request(sup.port, "POST", "/v1/models/pair:predict",  # type: ignore
                              {"instances": [{"x": [1, 2, 3, 4], "s": {"b64": "//4="}}]})
-    assert json.loads(raw)["predictions"][0]["s"] == {"b64": "//4="}
+    assert status == 200 and json.loads(raw)["predictions"][0]["s"] == {"b64": "//4="}
 
 
 def test_check_and_run_name_the_http_file_that_is_wrong(tmp_path: Any) -> None:
@@ -622,9 +622,9 @@ def test_check_and_run_name_the_http_file_that_is_wrong(tmp_path: Any) -> None:
              ({"tls_cert": "bad.pem", "tls_key": "bad.pem"}, "tls_cert", "not a PEM"),
              ({"token_file": "nothing"}, "token_file", "No such file"),
              ({"token_file": "empty"}, "token_file", "expected one token"))
-    for http, key, words in cases:
+    for section, key, words in cases:
         text = yaml.safe_dump({"supervisor": {"runtime_dir": str(tmp_path / "run"),
-                                              "http": {"listen": "127.0.0.1:1", **http}},
+                                              "http": {"listen": "127.0.0.1:1", **section}},
                                "models": {"m": echo_model(1)}})
         found = [f for f in preflight(parse_config(text, tmp_path / "c.yaml")) if f.error]
         assert [f.where for f in found] == [f"supervisor.http.{key}"], found
