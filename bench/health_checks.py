@@ -33,9 +33,9 @@ from typing import Any
 import psutil
 
 from bench.common import cpu, scratch, write
+from bench.dockerfile import healthcheck  # the Dockerfile's HEALTHCHECK, on a port
 from bench.harness.server import free_port
 from supervisor.testing import start_supervisor
-from tests.test_health import healthcheck  # the Dockerfile's HEALTHCHECK, on a port
 
 ROOT = Path(__file__).resolve().parent.parent
 

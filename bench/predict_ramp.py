@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS, write
+from bench.encoder_model import token_ids
 from supervisor.testing import Supervisor, start_supervisor
-from tests.encoder_model import token_ids
 
 MIB = 2**20
 THREADS = 8
