@@ -201,7 +201,7 @@ def ratios(rounds: dict[str, list[dict[str, Any]]],
         return {}
     out = {}
     for name, summary in summaries.items():
-        if name.startswith("tfsupervisor") or "req_s_mean" not in summary:
+        if PEERS[name].server == "tfsupervisor" or "req_s_mean" not in summary:
             continue
         paired = [a["req_s"] / b["req_s"]
                   for a, b in zip(rounds["tfsupervisor"], rounds[name], strict=False)

@@ -385,6 +385,8 @@ def report(payload: dict[str, Any], out: Path | None) -> None:
             table.append([PEERS[name].label, i, r["rows_s"], r["rows_per_cpu_s"],
                           f"{r.get('p50_ms', '-')} / {r.get('p99_ms', '-')}",
                           _rows_per_batch(r), opened or "-", mem or "-"])
+    for name, why in payload.get("skipped", {}).items():
+        table.append([PEERS[name].label, "-", why, *["-"] * 5])
     notes = (f"The demo text encoder (`tfsupervisor demo-model --text`), batch-1 requests of "
              f"log-normal lengths (median 28, 4..256 tokens); closed loop: {CLIENTS} clients, "
              f"{payload['seconds']:g} s per round; open loop: Poisson arrivals at "
