@@ -34,8 +34,7 @@ import psutil
 
 from bench.common import cpu, scratch, write
 from bench.dockerfile import healthcheck  # the Dockerfile's HEALTHCHECK, on a port
-from bench.harness.server import free_port
-from supervisor.testing import start_supervisor
+from supervisor.testing import free_port, start_supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 

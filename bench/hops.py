@@ -33,13 +33,12 @@ import numpy as np
 import psutil
 
 from bench.common import cpu, percentiles, write
-from bench.harness.server import free_port
 from bench.harness.transport import Zmq
 from bench.mlp import MLP, build_model, supervisor_config
 from supervisor.client import Client
 from supervisor.client.client import outcome, request_message
 from supervisor.shared.protocol import RESULT, Message, decode, encode, pack_arrays
-from supervisor.testing import start_supervisor
+from supervisor.testing import free_port, start_supervisor
 
 # Runs in a fresh process (TensorFlow is never imported by the bench itself): the worker's
 # path for one JOB message of `rows` batch-1 jobs, padded as the supervisor pads, and the

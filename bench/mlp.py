@@ -31,10 +31,10 @@ import psutil
 from bench.common import percentiles, write
 from bench.harness.load import CLIENTS, PROCESSES, Tally
 from bench.harness.scripts import LOAD
-from bench.harness.server import free_port, start_process
+from bench.harness.server import start_process
 from bench.harness.transport import Http, Inputs, Zmq, raw_codec
 from bench.harness.workload import Workload
-from supervisor.testing import short_tmpdir, start_supervisor
+from supervisor.testing import free_port, short_tmpdir, start_supervisor
 
 FEATURES = 64
 WARM_SECONDS = 2.0  # of load before each measured run: every shape seen, every worker warm

@@ -32,18 +32,13 @@ from supervisor.daemon.listener import (
     METRICS_RATE,
     Pace,
 )
+from supervisor.testing import free_port
 from tests.conftest import echo_model, start_supervisor
 from tests.test_container import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SLOW = 7.0  # a job marked so sleeps in its worker: the drain has it in flight
 SECRET = "s3cr3t-token-in-a-load-error"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str, timeout: float = 10.0, method: str = "GET") -> tuple[int, str]:

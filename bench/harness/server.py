@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,12 +28,6 @@ MIB = 2**20
 # share the cores with the next one's round.
 SETTLED_PCT = 15.0
 SETTLE_MAX_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -18,7 +18,6 @@ import numpy as np
 from bench.harness.load import CLIENTS, PROCESSES, Load
 from bench.harness.server import (
     Server,
-    free_port,
     installed,
     settle,
     start_process,
@@ -34,7 +33,7 @@ from bench.harness.transport import (
     oip_codec,
     raw_codec,
 )
-from supervisor.testing import Supervisor
+from supervisor.testing import Supervisor, free_port
 
 SKIPPED = "skipped (not installed)"
 NO_HTTP_FRONT = "skipped (this tfsupervisor has no HTTP front: supervisor.http unknown)"
