@@ -41,7 +41,7 @@ SAMPLES = "predict_ramp_samples.json"
 def config(quick: bool) -> dict[str, Any]:
     shape = {"layers": 2, "width": 64} if quick else {"layers": 6, "width": 256}
     return {"supervisor": {"poll_interval": "1s"}, "models": {"predict": {
-        "handler": "tests.leak_handlers:keras_encoder_predict", "options": shape,
+        "handler": "bench.leak_handlers:keras_encoder_predict", "options": shape,
         "workers": 1, "tf": {"intra_op_threads": 2, "inter_op_threads": 1},
         "batching": {"max_batch_size": 1}}}}  # predict() per job: one call each
 
