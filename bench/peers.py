@@ -13,6 +13,8 @@ threads set to 1, served with 2 workers and dynamic batching up to 32 rows by:
   printed line where this tfsupervisor has no HTTP front).
 - mosec: Rust HTTP broker, 2 Python workers, ``max_batch_size=32``, ``max_wait_time`` 5 ms;
   raw float32 bytes in and out.
+  ``mosec-oip``: the same reading and answering the Open Inference Protocol v2 JSON, so
+  that it and ``tfsupervisor-http`` get the very same HTTP requests from the same client.
 - LitServe: JSON API, 2 workers on one CPU device, ``max_batch_size=32``,
   ``batch_timeout`` 5 ms, ``fast_queue=True`` (ZeroMQ between its API servers and workers,
   which its documentation advises above 100 requests/s).
@@ -64,7 +66,13 @@ import psutil
 
 from bench.common import percentiles, write
 from bench.harness.load import CLIENTS, PROCESSES, Load
-from bench.harness.scripts import LITSERVE_SERVER, MOSEC_SERVER, RAY_SERVER
+from bench.harness.scripts import (
+    LITSERVE_SERVER,
+    MOSEC_ARGS,
+    MOSEC_OIP_SERVER,
+    MOSEC_SERVER,
+    RAY_SERVER,
+)
 from bench.harness.server import SETTLE_MAX_S, SETTLED_PCT, Server, cpu_between
 from bench.harness.workload import Variant, failed, interleaved, skipped
 from bench.mlp import MLP, build_model
@@ -75,8 +83,6 @@ MAX_WAIT_MS = 5
 # Rough resident memory of one server (2 TF workers and its broker); Ray's daemons more.
 RESIDENT_BYTES = 2 * 2**30
 
-MOSEC_ARGS = ("--address", "127.0.0.1", "--port", "{port}", "--log-level", "warning",
-              "--timeout", "60000")
 
 PEERS: dict[str, Variant] = {v.name: v for v in (
     Variant("tfsupervisor", "tfsupervisor (ZeroMQ, batching 32, the same wait)"),
@@ -87,6 +93,9 @@ PEERS: dict[str, Variant] = {v.name: v for v in (
             "v2 JSON), the same wait", front="http", body="oip"),
     Variant("mosec", "mosec 2 workers, batch 32 (raw bytes)", "script", modules=("mosec",),
             script=MOSEC_SERVER, args=MOSEC_ARGS, path="/inference"),
+    Variant("mosec-oip", "mosec 2 workers, batch 32 (Open Inference Protocol v2 JSON, as "
+            "tfsupervisor-http)", "script", modules=("mosec",), script=MOSEC_OIP_SERVER,
+            args=MOSEC_ARGS, path="/inference", body="oip"),
     Variant("litserve", "LitServe 2 workers, batch 32 (JSON)", "script",
             modules=("litserve",), script=LITSERVE_SERVER, path="/predict", body="json"),
     Variant("ray", "Ray Serve 2 replicas, batch 32 (raw bytes)", "script",

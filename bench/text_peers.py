@@ -12,6 +12,8 @@ batches up to 32 rows and a 5 ms wait wherever a server batches, served by:
   peers (skipped with a printed line where this tfsupervisor has no HTTP front);
 - mosec: 2 workers, ``max_batch_size=32``; each batch padded to its longest sequence (how a
   mosec user writes it); raw int32 ids in, raw float32 embedding out;
+  (``mosec-oip``) the same with Open Inference Protocol v2 JSON in and out, the very
+  requests ``tfsupervisor-http`` gets;
 - LitServe: 2 workers, the same padding, JSON in and out, ``fast_queue=True``;
 - the common per-request service: gunicorn, 2 sync workers, a WSGI app calling the loaded
   SavedModel once per request on the request's own shape (as seed 002's service did);
@@ -59,7 +61,7 @@ import yaml
 
 from bench.common import percentiles, write
 from bench.harness.load import CLIENTS, PROCESSES
-from bench.harness.scripts import LITSERVE_SERVER, LOAD, MOSEC_SERVER
+from bench.harness.scripts import LITSERVE_SERVER, LOAD, MOSEC_ARGS, MOSEC_OIP_SERVER, MOSEC_SERVER
 from bench.harness.server import START_TIMEOUT, Server, cpu_between
 from bench.harness.transport import Inputs
 from bench.harness.workload import Variant, Workload, interleaved, skipped
@@ -204,14 +206,16 @@ TEXT = Workload("text", "pooled", requests, check, {"input_ids": np.ones((1, 8),
 
 PEERS: dict[str, Variant] = {v.name: v for v in (
     Variant("mosec", "mosec 2 workers, batch 32, padded to the batch's longest (raw bytes)",
-            "script", modules=("mosec",), script=MOSEC_SERVER,
-            args=("--address", "127.0.0.1", "--port", "{port}", "--log-level", "warning",
-                  "--timeout", "60000"), path="/inference"),
+            "script", modules=("mosec",), script=MOSEC_SERVER, args=MOSEC_ARGS,
+            path="/inference"),
     Variant("tfsupervisor", "tfsupervisor, examples/text.yaml (5 padding sizes, batch 32)"),
     Variant("tfsupervisor-adaptive", "tfsupervisor, the same without batch_timeout_ms (the "
             "wait adapts)", adaptive=True),
     Variant("tfsupervisor-http", "tfsupervisor, examples/text.yaml over its HTTP front (Open "
             "Inference Protocol v2 JSON)", front="http", body="oip"),
+    Variant("mosec-oip", "mosec 2 workers, batch 32, padded to the batch's longest (Open "
+            "Inference Protocol v2 JSON, as tfsupervisor-http)", "script", modules=("mosec",),
+            script=MOSEC_OIP_SERVER, args=MOSEC_ARGS, path="/inference", body="oip"),
     Variant("litserve", "LitServe 2 workers, batch 32, padded to the batch's longest (JSON)",
             "script", modules=("litserve",), script=LITSERVE_SERVER, path="/predict",
             body="json"),

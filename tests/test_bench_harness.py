@@ -86,6 +86,8 @@ def test_variants_carry_their_behaviour_not_their_name() -> None:
         http = bench.PEERS["tfsupervisor-http"]
         assert (http.front, http.body, http.adaptive) == ("http", "oip", False)
         assert not bench.PEERS["tfsupervisor"].adaptive
+        mosec = bench.PEERS["mosec-oip"]  # the very requests tfsupervisor-http gets
+        assert (mosec.server, mosec.body) == ("script", http.body)
     assert peers.PEERS["tfsupervisor-nowait"].wait(5.0) == 0.0
     assert peers.PEERS["tfsupervisor"].wait(5.0) == 5.0
     renamed = Variant("whatever-adaptive", "a name says nothing")

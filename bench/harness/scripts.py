@@ -54,6 +54,10 @@ if __name__ == "__main__":
                generate_client_file=False)
 '''
 
+# mosec's command line after its script ({port} substituted).
+MOSEC_ARGS = ("--address", "127.0.0.1", "--port", "{port}", "--log-level", "warning",
+              "--timeout", "60000")
+
 MOSEC_SERVER = '''
 from mosec import Server, Worker
 
@@ -70,6 +74,39 @@ class Model(Worker):
 
     def serialize(self, data):
         return data
+
+    def forward(self, data):
+        return forward_raw(self.call, data)
+
+''' + MOSEC_MAIN
+
+# mosec reading and answering the Open Inference Protocol v2 JSON that tfsupervisor's HTTP
+# front speaks: the same requests for both (the first input in, $PEERS_OUTPUT out).
+MOSEC_OIP_SERVER = '''
+import json
+
+from mosec import Server, Worker
+
+DATATYPES = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64}
+
+
+class Model(Worker):
+    resp_mime_type = "application/json"
+
+    def __init__(self):
+        super().__init__()
+        self.call = load_model()
+        self.output = os.environ.get("PEERS_OUTPUT", "output_0")
+
+    def deserialize(self, data):
+        first = json.loads(data)["inputs"][0]
+        return np.asarray(first["data"], DATATYPES[first["datatype"]]).tobytes()
+
+    def serialize(self, data):
+        values = np.frombuffer(data, np.float32)
+        return json.dumps({"model_name": "model", "outputs": [
+            {"name": self.output, "shape": [1, len(values)], "datatype": "FP32",
+             "data": values.tolist()}]}).encode()
 
     def forward(self, data):
         return forward_raw(self.call, data)

@@ -21,7 +21,8 @@ Call = Callable[[Inputs], np.ndarray]
 
 
 class Transport(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def connect(self) -> Call: ...
 
