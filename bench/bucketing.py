@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import write
+from bench.encoder_model import save_encoder, token_ids
 from supervisor.testing import Supervisor, short_tmpdir, start_supervisor
-from tests.encoder_model import save_encoder, token_ids
 
 SIZES = [32, 64, 128, 256, 512]
 THREADS = 16

@@ -20,14 +20,16 @@ from supervisor.testing import short_tmpdir
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def percentiles(latencies: list[float]) -> dict[str, float]:
-    """p50 / p99 / mean in milliseconds."""
+def percentiles(latencies: list[float], qs: tuple[float, ...] = (50, 99), digits: int = 3,
+                mean: bool = True) -> dict[str, float | None]:
+    """Percentiles ``qs`` (``p50_ms``, ...) and, with ``mean``, ``mean_ms``, of latencies in
+    seconds, in milliseconds rounded to ``digits``; None each when there are none."""
+    keys = [f"p{q:g}_ms" for q in qs] + (["mean_ms"] if mean else [])
     if not latencies:
-        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan")}
+        return dict.fromkeys(keys)
     values = np.array(latencies) * 1000
-    return {"p50_ms": round(float(np.percentile(values, 50)), 3),
-            "p99_ms": round(float(np.percentile(values, 99)), 3),
-            "mean_ms": round(float(values.mean()), 3)}
+    figures = [*np.percentile(values, qs), *([values.mean()] if mean else [])]
+    return {key: round(float(v), digits) for key, v in zip(keys, figures, strict=True)}
 
 
 def cpu(process: psutil.Process) -> float:

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.cgroups import memory_cgroup, oom_kills, read, wrapper
 from bench.common import write
 from supervisor.client import Client, JobError
-from tests.test_container_budget import memory_cgroup, oom_kills, read, wrapper
 
 MIB = 1024**2
 LIMIT = 300 * MIB

@@ -1,5 +1,5 @@
 """Report: each leak reproduction under a real supervisor, the cause its recycle was named,
-the evidence figures, and what the probes cost per job (tests/leak_scenarios.py; the same
+the evidence figures, and what the probes cost per job (bench/leak_scenarios.py; the same
 runs tests/test_diagnosis_live.py asserts on).
 
     python -m bench.diagnosis
@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write
-from supervisor.testing import short_tmpdir, start_supervisor
-from tests.leak_scenarios import (
+from bench.leak_scenarios import (
     Case,
     config,
     host_cases,
@@ -23,6 +22,7 @@ from tests.leak_scenarios import (
     save_sequence_model,
     tensorflow_cases,
 )
+from supervisor.testing import short_tmpdir, start_supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT = "1s"  # the default: what the probes cost as users run them

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,16 +33,10 @@ from typing import Any
 import psutil
 
 from bench.common import cpu, scratch, write
-from supervisor.testing import start_supervisor
-from tests.test_health import healthcheck  # the Dockerfile's HEALTHCHECK, on a port
+from bench.dockerfile import healthcheck  # the Dockerfile's HEALTHCHECK, on a port
+from supervisor.testing import free_port, start_supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def child(command: list[str], report: Path) -> tuple[int, float, int]:

@@ -33,11 +33,12 @@ import numpy as np
 import psutil
 
 from bench.common import cpu, percentiles, write
-from bench.mlp import build_model, drive_processes, free_port, supervisor_config
+from bench.harness.transport import Zmq
+from bench.mlp import MLP, build_model, supervisor_config
 from supervisor.client import Client
 from supervisor.client.client import outcome, request_message
 from supervisor.shared.protocol import RESULT, Message, decode, encode, pack_arrays
-from supervisor.testing import start_supervisor
+from supervisor.testing import free_port, start_supervisor
 
 # Runs in a fresh process (TensorFlow is never imported by the bench itself): the worker's
 # path for one JOB message of `rows` batch-1 jobs, padded as the supervisor pads, and the
@@ -155,17 +156,17 @@ def under_load(model: Path, seconds: float, wait_ms: float) -> dict[str, Any]:
     sup = start_supervisor(config)
     try:
         sup.wait_ready(timeout=300)
-        target = ("tfsupervisor", sup.endpoint)
-        drive_processes(target, 2.0)
+        load = MLP.load(Zmq(sup.endpoint, "mlp", "output_0"))
+        load.closed(2.0)
         sizes_before = batch_sizes(port)
         procs = Processes(sup.process.pid)
-        run = drive_processes(target, seconds)
+        run = load.closed(seconds, seed=1)
         jobs = len(run.latencies)
         sizes_after = batch_sizes(port)
         batches = sizes_after[1] - sizes_before[1]
         rows = sizes_after[0] - sizes_before[0]
         return {"jobs_per_second": round(jobs / seconds, 1), "failures": run.failures,
-                **percentiles([t for _, t in run.latencies]), **procs.per_job(jobs),
+                **percentiles(run.latencies), **procs.per_job(jobs),
                 "batches": int(batches), "mean_rows": round(rows / max(batches, 1), 2),
                 "single_job_batches": int(sizes_after[2] - sizes_before[2])}
     finally:

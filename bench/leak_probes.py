@@ -5,7 +5,7 @@ against a fake backend (a ROUTER bound where the supervisor's would be), fed job
 time; every heartbeat is kept with the worker's RSS read when it arrives. After a warm-up
 (the first fifth of the jobs) the slope per 1k jobs of RSS and of every probe counter is a
 least-squares fit over the heartbeats; the last heartbeat gives the traced names, the
-signatures that grew memory most and the census. Handlers: tests/leak_handlers.py.
+signatures that grew memory most and the census. Handlers: bench/leak_handlers.py.
 
     python -m bench.leak_probes [--scale 1.0] [--case NAME ...] [--quick]
 """
@@ -187,7 +187,7 @@ def _handler(target: str, **options: Any) -> Callable[[Path], dict[str, Any]]:
 
 def _embedding(scratch: Path) -> dict[str, Any]:
     path = scratch / "embedding"
-    subprocess.run([sys.executable, "-c", "import sys; from tests.leak_handlers import "
+    subprocess.run([sys.executable, "-c", "import sys; from bench.leak_handlers import "
                     "save_embedding_model as s; s(sys.argv[1])", str(path)], cwd=ROOT,
                    check=True, capture_output=True)
     return {"saved_model": str(path), "tf": THREADS}
@@ -205,23 +205,23 @@ def _floats(rows: int, width: int, rng: np.random.Generator, name: str = "x") ->
 
 CASES = [
     Case("a_retrace_shapes", "tf.function without input_signature, batch size 1-2048",
-         _handler("tests.leak_handlers:retrace_shapes"),
+         _handler("bench.leak_handlers:retrace_shapes"),
          lambda i, rng: _floats(int(rng.integers(1, 2049)), 16, rng), 3000),
     Case("b_retrace_scalar", "tf.function called with a new Python int each call",
          _handler("worker.tf_handlers:retracing", width=16),
          lambda i, rng: _floats(4, 16, rng), 2000),
     Case("c_python_hoard", "handler keeps a dict + list of 20 floats + str per call",
-         _handler("tests.leak_handlers:python_hoard"),
+         _handler("bench.leak_handlers:python_hoard"),
          lambda i, rng: _floats(4, 16, rng), 80000),  # > a minute: a census is due
     Case("d_native_leak", "handler mallocs 64 KiB per call through ctypes, never freed",
-         _handler("tests.leak_handlers:native_leak", bytes_per_call=65536),
+         _handler("bench.leak_handlers:native_leak", bytes_per_call=65536),
          lambda i, rng: _floats(4, 16, rng), 4000),
     Case("e_saved_model_lengths", "SavedModel int32[None, None], sequence length 1-1024",
          _embedding,
          lambda i, rng: {"input_ids": rng.integers(0, 1000, (2, int(rng.integers(1, 1025))),
                                                    dtype=np.int32)}, 4000),
     Case("f_keras_predict", "the demo MLP through model.predict() per call",
-         _handler("tests.leak_handlers:keras_predict"),
+         _handler("bench.leak_handlers:keras_predict"),
          lambda i, rng: _floats(1, 64, rng, "features"), 2000),
     Case("g_healthy", "the demo MLP SavedModel, batch sizes 1/2/4/8",
          _demo, lambda i, rng: _floats(1 << (i % 4), 64, rng, "features"), 6000),

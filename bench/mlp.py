@@ -15,16 +15,13 @@
 from __future__ import annotations
 
 import argparse
-import http.client
-import multiprocessing as mp
+import itertools
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,105 +29,52 @@ import numpy as np
 import psutil
 
 from bench.common import percentiles, write
-from supervisor.client import Client
-from supervisor.testing import short_tmpdir, start_supervisor
+from bench.harness.load import CLIENTS, PROCESSES, Tally
+from bench.harness.scripts import LOAD
+from bench.harness.server import start_process
+from bench.harness.transport import Http, Inputs, Zmq, raw_codec
+from bench.harness.workload import Workload
+from supervisor.testing import free_port, short_tmpdir, start_supervisor
 
-CLIENTS = 32
-PROCESSES = 4  # client processes the CLIENTS are spread over
+FEATURES = 64
 WARM_SECONDS = 2.0  # of load before each measured run: every shape seen, every worker warm
 THREADS = {"intra_op_threads": 1, "inter_op_threads": 1}
 WORKERS = 2  # per contender (tfsupervisor workers, gunicorn workers)
 
+# --- the workload: one row of 64 float32 features per request (bench/peers.py too) --------
 
-@dataclass
-class Run:
-    latencies: list[tuple[float, float]] = field(default_factory=list)  # (wall end, seconds)
-    failures: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+# The peers' script head: the loader, and how a batch of bodies is computed.
+LOAD_MODEL = LOAD + '''
 
-
-def drive(call: Callable[[np.ndarray], Any], seconds: float, clients: int = CLIENTS) -> Run:
-    """``clients`` threads of this process calling ``call`` for ``seconds``."""
-    run = Run()
-    deadline = time.monotonic() + seconds
-
-    def loop() -> None:
-        x = np.random.default_rng().standard_normal((1, 64)).astype(np.float32)
-        while time.monotonic() < deadline:
-            start = time.perf_counter()
-            try:
-                call(x)
-                ok = True
-            except Exception:
-                ok = False
-            took = time.perf_counter() - start
-            with run.lock:
-                if ok:
-                    run.latencies.append((time.time(), took))
-                else:
-                    run.failures += 1
-
-    threads = [threading.Thread(target=loop) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return run
+def forward_raw(call, rows):
+    """A batch of raw request bodies (float32 rows) in, raw answers (float32) out."""
+    x = np.frombuffer(b"".join(rows), np.float32).reshape(len(rows), -1)
+    return [row.tobytes() for row in call(x)]
 
 
-def _client_process(target: tuple[str, Any], seconds: float, threads: int, out: Any) -> None:
-    run = drive(caller(target), seconds, threads)
-    out.put((run.latencies, run.failures))
+def from_json(request):
+    return np.asarray(request["features"], np.float32)
 
 
-def drive_processes(target: tuple[str, Any], seconds: float, clients: int = CLIENTS,
-                    processes: int = PROCESSES) -> Run:
-    """``clients`` callers spread over ``processes`` forked client processes, each making
-    its own client for ``target`` (a tfsupervisor endpoint or a gunicorn port)."""
-    context = mp.get_context("fork")  # the bench process never imports TensorFlow
-    out = context.Queue()
-    procs = [context.Process(target=_client_process,
-                             args=(target, seconds, clients // processes, out))
-             for _ in range(processes)]
-    for proc in procs:
-        proc.start()
-    run = Run()
-    for _ in procs:  # read before joining: a child blocks until its results are taken
-        latencies, failures = out.get(timeout=seconds + 300)
-        run.latencies += latencies
-        run.failures += failures
-    for proc in procs:
-        proc.join(30)
-    return run
+def predict_rows(call, rows):
+    return call(np.stack(rows))
 
 
-def caller(target: tuple[str, Any]) -> Callable[[np.ndarray], Any]:
-    kind, address = target
-    if kind == "tfsupervisor":
-        client = Client(address, timeout=60)
-        return lambda x: client.infer("mlp", {"features": x})
-    return lambda x: http_call(address, x)
+def to_json(output):
+    return {"probability": float(output[0])}
+'''
 
 
-def http_call(port: int, x: np.ndarray) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        conn.request("POST", "/", body=x.tobytes())
-        response = conn.getresponse()
-        data = response.read()
-        if response.status != 200:
-            raise RuntimeError(response.status)
-        return data
-    finally:
-        conn.close()
+def requests(seed: int) -> Iterator[Inputs]:
+    """One client's requests: the same random row, again and again."""
+    x = np.random.default_rng(seed).standard_normal((1, FEATURES)).astype(np.float32)
+    return itertools.repeat({"features": x})
 
 
-def summary(run: Run, seconds: float) -> dict[str, Any]:
-    return {"jobs_per_second": round(len(run.latencies) / seconds, 1),
-            "failures": run.failures, **percentiles([t for _, t in run.latencies])}
+def check(values: np.ndarray) -> None:
+    if values.size != 1:
+        raise RuntimeError(f"an answer of {values.size} values, not one probability")
 
-
-# --- contenders ---------------------------------------------------------------------------
 
 def supervisor_config(model: Path, batching: bool, **policy: Any) -> dict[str, Any]:
     return {"models": {"mlp": {"saved_model": str(model), "workers": WORKERS, "tf": THREADS,
@@ -138,22 +82,45 @@ def supervisor_config(model: Path, batching: bool, **policy: Any) -> dict[str, A
                                "policy": policy}}}
 
 
+def peers_config(model: Path, wait_ms: float, adaptive: bool) -> dict[str, Any]:
+    """Batching as above, with the peers' batch wait or (adaptive) none set; the product's
+    poll interval (start_supervisor's 0.2 s, for tests, polls and scans the workers' process
+    trees five times as often)."""
+    out = supervisor_config(model, batching=True)
+    out["supervisor"] = {"poll_interval": "1s"}
+    if not adaptive:
+        out["models"]["mlp"]["batching"]["batch_timeout_ms"] = wait_ms
+    return out
+
+
+MLP = Workload("mlp", "output_0", requests, check,
+               {"features": np.zeros((1, FEATURES), np.float32)}, LOAD_MODEL, peers_config,
+               json_in="features", json_out="probability")
+
+
+def summary(run: Tally, seconds: float) -> dict[str, Any]:
+    return {"jobs_per_second": round(len(run.latencies) / seconds, 1),
+            "failures": run.failures, **percentiles(run.latencies)}
+
+
+# --- contenders ---------------------------------------------------------------------------
+
 def with_supervisor(model: Path, batching: bool, seconds: float,
-                    **policy: Any) -> tuple[Run, list[float]]:
+                    **policy: Any) -> tuple[Tally, list[float]]:
     sup = start_supervisor(supervisor_config(model, batching, **policy))
     try:
         sup.wait_ready(timeout=300)
-        target = ("tfsupervisor", sup.endpoint)
-        drive_processes(target, WARM_SECONDS)
+        load = MLP.load(Zmq(sup.endpoint, "mlp", "output_0"))
+        load.closed(WARM_SECONDS)
         pids = PidWatch(sup.process.pid)
         with pids:
-            run = drive_processes(target, seconds)
+            run = load.closed(seconds, seed=1)
         return run, pids.exits
     finally:
         sup.stop()
 
 
-def in_process_loop(model: Path, seconds: float) -> Run:
+def in_process_loop(model: Path, seconds: float) -> Tally:
     """The naive service: one process, the model called once per request, in order."""
     code = f"""
 import time, json, numpy as np, tensorflow as tf
@@ -175,48 +142,31 @@ print(json.dumps(lat))
                          check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     import json
 
-    run = Run()
-    run.latencies = [(0.0, t) for t in json.loads(out.stdout.strip().splitlines()[-1])]
-    return run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return Tally(latencies=json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def with_gunicorn(model: Path, seconds: float, max_requests: int,
-                  jitter: int) -> tuple[Run, list[float]]:
+                  jitter: int) -> tuple[Tally, list[float]]:
+    """bench/wsgi_mlp.py behind gunicorn sync workers, reached with the peers' HTTP client
+    (raw float32 bodies; sync workers close the connection after each answer)."""
     port = free_port()
-    gunicorn = Path(sys.executable).parent / "gunicorn"
-    proc = subprocess.Popen(
-        [str(gunicorn), "--workers", str(WORKERS), "--worker-class", "sync", "--bind",
-         f"127.0.0.1:{port}", "--max-requests", str(max_requests), "--max-requests-jitter",
-         str(jitter), "--timeout", "120", "--backlog", "2048", "--chdir",
-         str(Path(__file__).resolve().parent), "wsgi_mlp:app"],
-        env={**os.environ, "MLP_PATH": str(model), "TF_CPP_MIN_LOG_LEVEL": "2",
-             "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                http_call(port, np.zeros((1, 64), np.float32))
-                break
-            except (OSError, RuntimeError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        drive_processes(("gunicorn", port), WARM_SECONDS)
+    command = [str(Path(sys.executable).parent / "gunicorn"), "--workers", str(WORKERS),
+               "--worker-class", "sync", "--bind", f"127.0.0.1:{port}", "--max-requests",
+               str(max_requests), "--max-requests-jitter", str(jitter), "--timeout", "120",
+               "--backlog", "2048", "--chdir", str(Path(__file__).resolve().parent),
+               "wsgi_mlp:app"]
+    env = {**os.environ, "MLP_PATH": str(model), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+    server, proc = start_process("gunicorn", command, short_tmpdir(), env,
+                                 Http(port, "/", raw_codec()))
+    with server:
+        server.wait_answering(MLP.probe, check, proc.poll)
+        load = MLP.load(server.transport)
+        load.closed(WARM_SECONDS)
         pids = PidWatch(proc.pid)
         with pids:
-            run = drive_processes(("gunicorn", port), seconds)
+            run = load.closed(seconds, seed=1)
         return run, pids.exits
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 class PidWatch(threading.Thread):
@@ -244,11 +194,11 @@ class PidWatch(threading.Thread):
         self.join(2)
 
 
-def around(run: Run, exits: list[float], before: float = 10.0,
+def around(run: Tally, exits: list[float], before: float = 10.0,
            after: float = 10.0) -> tuple[list[float], list[float]]:
     """Latencies within [exit - before, exit + after] of a recycle, and all the others."""
     near, steady = [], []
-    for end, took in run.latencies:
+    for end, took in zip(run.ends, run.latencies, strict=True):
         close = any(e - before <= end <= e + after for e in exits)
         (near if close else steady).append(took)
     return near, steady

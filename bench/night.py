@@ -1,6 +1,6 @@
 """A night in minutes: a leaking text service, unsupervised and under tfsupervisor.
 
-One supervisor serves the same leaking handler twice (``tests.leak_handlers:eager_text``:
+One supervisor serves the same leaking handler twice (``bench.leak_handlers:eager_text``:
 the demo text encoder per request through a ``tf.function`` that takes each request's
 length as a Python argument, so every new length traces a graph TensorFlow keeps):
 
@@ -43,7 +43,7 @@ WINDOW = 10.0  # seconds per throughput window
 
 
 def config(model: Path, max_memory: str) -> dict[str, Any]:
-    handler = {"handler": "tests.leak_handlers:eager_text", "options": {"model": str(model)},
+    handler = {"handler": "bench.leak_handlers:eager_text", "options": {"model": str(model)},
                "workers": 1, "tf": {"intra_op_threads": 1, "inter_op_threads": 1},
                "batching": {"max_batch_size": 1}}
     off = {"max_growth_per_1k_jobs": None, "max_growth_per_hour": None}

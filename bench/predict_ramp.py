@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS, write
+from bench.encoder_model import token_ids
 from supervisor.testing import Supervisor, start_supervisor
-from tests.encoder_model import token_ids
 
 MIB = 2**20
 THREADS = 8
@@ -40,7 +40,7 @@ SAMPLES = "predict_ramp_samples.json"
 def config(quick: bool) -> dict[str, Any]:
     shape = {"layers": 2, "width": 64} if quick else {"layers": 6, "width": 256}
     return {"supervisor": {"poll_interval": "1s"}, "models": {"predict": {
-        "handler": "tests.leak_handlers:keras_encoder_predict", "options": shape,
+        "handler": "bench.leak_handlers:keras_encoder_predict", "options": shape,
         "workers": 1, "tf": {"intra_op_threads": 2, "inter_op_threads": 1},
         "batching": {"max_batch_size": 1}}}}  # predict() per job: one call each
 

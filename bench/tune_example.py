@@ -37,7 +37,7 @@ def build_models(where: Path) -> None:
                    check=True, cwd=ROOT)
     # XLA keeps one executable per input length (~0.3 MB each on CPU): memory ramps while
     # new lengths arrive, then levels off, as a text model's does
-    subprocess.run([sys.executable, "-c", "import sys; from tests.leak_handlers import "
+    subprocess.run([sys.executable, "-c", "import sys; from bench.leak_handlers import "
                     "save_embedding_model; save_embedding_model(sys.argv[1], "
                     "jit_compile=True)", str(where / "text")], check=True, cwd=ROOT)
 

@@ -3,6 +3,6 @@
 The code lives in supervisor/client/testing.py.
 """
 
-from supervisor.client.testing import Supervisor, short_tmpdir, start_supervisor
+from supervisor.client.testing import Supervisor, free_port, short_tmpdir, start_supervisor
 
-__all__ = ["Supervisor", "short_tmpdir", "start_supervisor"]
+__all__ = ["Supervisor", "free_port", "short_tmpdir", "start_supervisor"]

@@ -55,12 +55,13 @@ def test_peers_missing_package_is_skipped(tmp_path: Path, monkeypatch: pytest.Mo
     from dataclasses import replace
 
     from bench import peers
+    from bench.harness.workload import SKIPPED
 
     missing = replace(peers.PEERS["mosec"], modules=("no_such_module_for_bench_peers",))
     monkeypatch.setitem(peers.PEERS, "mosec", missing)
     result = peers.run(1.0, 1, ["mosec"], tmp_path)  # nothing to start: no model is built
-    assert written(tmp_path, "peers")["servers"] == {"mosec": {"status": peers.SKIPPED}}
-    assert result["ratios"] == {} and peers.SKIPPED in (tmp_path / "peers.md").read_text()
+    assert written(tmp_path, "peers")["servers"] == {"mosec": {"status": SKIPPED}}
+    assert result["ratios"] == {} and SKIPPED in (tmp_path / "peers.md").read_text()
 
 
 def test_timeline_lines_up_each_job_and_leaves_out_broken_ones() -> None:
@@ -129,18 +130,23 @@ def test_open_loop_counts_latency_from_the_scheduled_send() -> None:
     """60 requests scheduled over 1 s to a server that answers 25 a second: the last ones
     are answered ~1.4 s after they were due, though none took more than 16 x 40 ms once
     sent. Counted from the schedule, the queue the server built shows."""
+    from bench.harness.load import DRAIN_S, OPEN_THREADS
+    from bench.harness.transport import Http, raw_codec
+
     server = http.server.HTTPServer(("127.0.0.1", 0), _Stalling)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         out = _Out()
-        text_peers._open(("raw", (server.server_address[1], "/")), 1.0, 60.0, 7, out)
+        load = text_peers.TEXT.load(Http(server.server_address[1], "/", raw_codec()), 1, 1)
+        load._open(1.0, 60.0, 7, OPEN_THREADS, DRAIN_S, out)  # one client process's part
     finally:
         server.shutdown()
         server.server_close()
-    [(latencies, failures)] = out  # type: ignore[misc]
-    assert failures == 0 and 30 <= len(latencies) <= 100  # a Poisson count around 60
+    [(latencies, ends, failures, cpu)] = out  # type: ignore[misc]
+    assert failures == 0 and 30 <= len(latencies) == len(ends) <= 100  # Poisson, around 60
     assert max(latencies) > 0.04 * len(latencies) - 1.0 - 0.2 > 16 * 0.04
+    assert cpu > 0
 
 
 def test_open_loop_rates_follow_the_rounds_first_server() -> None:

@@ -17,9 +17,9 @@ pytest.importorskip("tensorflow", reason="the benches' workers need the tensorfl
 def test_text_peers_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The text bench end to end: tfsupervisor with the adaptive wait (closed and open
     loop, memory at both ends) and the compute ceiling, on the demo text model."""
-    from bench import peers
+    from bench.harness import server
 
-    monkeypatch.setattr(peers, "SETTLE_MAX_S", 1.0)  # CI's cores are never idle
+    monkeypatch.setattr(server, "SETTLE_MAX_S", 1.0)  # CI's cores are never idle
     ran = text_peers.run(["tfsupervisor-adaptive", "ceiling"], 1, 1.0, 0.5, 0.5, [0.5],
                          tmp_path)
     result = written(tmp_path, "text_peers")

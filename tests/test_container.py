@@ -30,51 +30,13 @@ import numpy as np
 import psutil
 import pytest
 
+from bench.dockerfile import DOCKERFILE, exec_form, instructions, stages
 from supervisor.cli.commands import build_parser
 from supervisor.client import Client
 from tests.conftest import start_supervisor
 from tests.test_kubernetes import config_mount, config_of, container, one, rendered
 
 REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = REPO / "Dockerfile"
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    joined: list[str] = []
-    pending = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        joined.append(pending + stripped)
-        pending = ""
-    result = []
-    for item in joined:
-        word, _, rest = item.partition(" ")
-        result.append((word.upper(), rest.strip()))
-    return result
-
-
-def stages(text: str) -> list[list[tuple[str, str]]]:
-    found: list[list[tuple[str, str]]] = []
-    for word, rest in instructions(text):
-        if word == "FROM":
-            found.append([])
-        if found:
-            found[-1].append((word, rest))
-    return found
-
-
-def exec_form(rest: str) -> list[str]:
-    value = json.loads(rest)
-    assert isinstance(value, list) and all(isinstance(v, str) for v in value), rest
-    return value
 
 
 def dockerignored(path: str, patterns: list[str]) -> bool:

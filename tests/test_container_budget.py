@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,65 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.cgroups import memory_cgroup, oom_kills, read, unusable, wrapper
 from supervisor.client import JobError
 from supervisor.testing import Supervisor, start_supervisor
 
 MIB = 1024**2
-MEMORY = Path("/sys/fs/cgroup/memory")
-
-
-def _usable() -> str | None:
-    if os.geteuid() != 0:
-        return "making memory cgroups needs root (CI runs as root)"
-    if not (MEMORY / "memory.limit_in_bytes").exists():
-        return "no cgroup v1 memory controller at /sys/fs/cgroup/memory"
-    return None
-
-
-@contextlib.contextmanager
-def memory_cgroup(limit: int) -> Iterator[Path]:
-    """A child memory cgroup with ``limit``; its processes killed and the cgroup removed on
-    the way out."""
-    reason = _usable()
-    if reason is not None:
-        pytest.skip(reason)
-    path = MEMORY / f"tfs-test-{uuid.uuid4().hex[:12]}"
-    path.mkdir()
-    try:
-        (path / "memory.limit_in_bytes").write_text(str(limit))
-        with contextlib.suppress(OSError):  # no swap to hide the limit behind
-            (path / "memory.swappiness").write_text("0")
-        yield path
-    finally:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            pids = (path / "cgroup.procs").read_text().split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)  # a killed process still leaving
-        assert not path.exists(), f"could not remove {path}"
-
-
-def wrapper(cgroup: Path) -> list[str]:
-    """Run the supervisor inside ``cgroup``: the shell joins it, then execs the daemon."""
-    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh"]
-
-
-def read(cgroup: Path, name: str) -> int:
-    return int((cgroup / name).read_text())
-
-
-def oom_kills(cgroup: Path) -> int:
-    for line in (cgroup / "memory.oom_control").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    raise AssertionError("the kernel keeps no oom_kill counter (4.13 and later do)")
+pytestmark = pytest.mark.skipif(unusable() is not None, reason=str(unusable()))
 
 
 def logged(sup: Supervisor) -> list[dict[str, Any]]:

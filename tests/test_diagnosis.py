@@ -279,7 +279,7 @@ def test_tensors_kept_in_a_list_are_not_blamed_on_graph_building() -> None:
 
 def test_a_native_leak_that_keeps_one_int_per_job_is_native_heap_not_python_objects() -> None:
     """A ctypes malloc per job whose handler keeps each pointer, an int, in a list
-    (tests/leak_handlers.py:native_leak with keep_pointers; tests/leak_scenarios.py
+    (bench/leak_handlers.py:native_leak with keep_pointers; bench/leak_scenarios.py
     "pointers"). The census sees the list grow by one item a job, but it weighs ~36 bytes a
     job (the int and its slot) against the kilobytes the native heap grows by: Python
     explains nothing worth naming, the native heap all of it. So even for a leak of 1 KiB a

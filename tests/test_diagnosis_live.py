@@ -1,5 +1,5 @@
 """Each leak cause reproduced in a real worker, recycled, and named right; a healthy model
-named nothing. The reproductions: tests/leak_scenarios.py."""
+named nothing. The reproductions: bench/leak_scenarios.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import short_tmpdir
-from tests.leak_scenarios import (
+from bench.leak_scenarios import (
     Case,
     config,
     host_cases,
@@ -19,6 +18,7 @@ from tests.leak_scenarios import (
     save_sequence_model,
     tensorflow_cases,
 )
+from tests.conftest import short_tmpdir
 
 pytestmark = pytest.mark.tf
 pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")

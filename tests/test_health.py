@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 
+from bench.dockerfile import healthcheck
 from supervisor.client import JobError, control
 from supervisor.daemon import listener
 from supervisor.daemon.health import LIVENESS_TIMEOUT, MAX_MODELS, Health, not_ready_reason
@@ -31,18 +32,13 @@ from supervisor.daemon.listener import (
     METRICS_RATE,
     Pace,
 )
+from supervisor.testing import free_port
 from tests.conftest import echo_model, start_supervisor
-from tests.test_container import DOCKERFILE, exec_form, stages, wait_until
+from tests.test_container import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 SLOW = 7.0  # a job marked so sleeps in its worker: the drain has it in flight
 SECRET = "s3cr3t-token-in-a-load-error"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str, timeout: float = 10.0, method: str = "GET") -> tuple[int, str]:
@@ -225,13 +221,6 @@ def agreed(sup: Any, port: int, models: list[str]) -> tuple[int, str]:
 
     found: tuple[int, str] = wait_until(same, 30, f"/readyz and status to agree on {models}")
     return found
-
-
-def healthcheck(port: int) -> list[str]:
-    """The Dockerfile's HEALTHCHECK command, on this test's metrics port."""
-    (health,) = [r for w, r in stages(DOCKERFILE.read_text())[-1] if w == "HEALTHCHECK"]
-    command = exec_form(health.partition(" CMD ")[2])
-    return [part.replace("9464", str(port)) for part in command]
 
 
 def test_probes_follow_start_up_ready_recycle_a_broken_model_and_a_drain() -> None:

@@ -25,6 +25,7 @@ from supervisor.cli.render import render_status
 from supervisor.core.lifecycle import EXTERNAL_KILL_NOTE as NOTE
 from supervisor.daemon.notify import Notifier
 from supervisor.shared.exitcodes import DaemonExit
+from supervisor.testing import free_port
 from tests.conftest import echo_model, short_tmpdir, start_supervisor
 from tests.test_metric_series import promlint
 
@@ -136,14 +137,8 @@ def test_top_quits_after_its_refresh_on_ctrl_c_and_at_once_on_a_second() -> None
         flag(signal.SIGINT, None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_metrics_scraped_over_http(supervisor_factory: Any) -> None:
-    port = _free_port()
+    port = free_port()
     model = {**echo_model(2), "policy": {"warmup_jobs": 0, "warmup_seconds": 0,
                                          "trend_window": 8}}
     sup = supervisor_factory({"supervisor": {"metrics": f"127.0.0.1:{port}"},
@@ -197,7 +192,7 @@ def test_external_kill_and_recycles_show_in_metrics_and_status(
         supervisor_factory: Any) -> None:
     """A worker SIGKILLed from outside (as the OOM killer does) is counted in the metrics
     and shown by `status`; forced recycles add no series: workers are labelled by slot."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     sup = supervisor_factory({"supervisor": {"metrics": f"127.0.0.1:{port}"},
                               "models": {"m": echo_model(2)}})

@@ -24,7 +24,7 @@ import yaml
 
 from supervisor.client import Client, NoReply, control
 from supervisor.daemon.descriptors import RESERVE_BASE
-from supervisor.testing import Supervisor, short_tmpdir
+from supervisor.testing import Supervisor, free_port, short_tmpdir
 from tests.conftest import echo_model
 
 CONFIG = {"models": {"m": echo_model(workers=1)}}
@@ -253,13 +253,6 @@ def test_a_log_socket_nobody_reads_drops_lines_and_stays_blocking_for_others() -
         assert sink.dropped > 0 and sink.last_error is not None, sink.last_error
         assert "temporarily unavailable" in sink.last_error
         assert os.get_blocking(stream.fileno())  # others' view of it unchanged
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def flood(endpoint: str, count: int) -> tuple[Any, list[Any]]:

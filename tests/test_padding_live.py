@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
+from bench.encoder_model import save_encoder, token_ids
 from supervisor.client import BadRequest
 from tests.conftest import Supervisor, short_tmpdir, start_supervisor
-from tests.encoder_model import save_encoder, token_ids
 
 pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")

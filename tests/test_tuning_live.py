@@ -121,7 +121,7 @@ def test_tuned_policy_keeps_the_healthy_worker_and_recycles_the_leaking_one(
         supervisor_factory: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tensorflow", reason="workers need the tensorflow extra")
     sup = supervisor_factory({"supervisor": {"poll_interval": f"{POLL}s"}, "models": {"tf": {
-        "handler": "tests.leak_handlers:leak_on_demand", "workers": 1,
+        "handler": "bench.leak_handlers:leak_on_demand", "workers": 1,
         "options": {"bytes_per_call": 256 * 1024},
         "tf": {"intra_op_threads": 1, "inter_op_threads": 1},
         "batching": {"max_batch_size": 8},

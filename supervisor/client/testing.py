@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,13 @@ def short_tmpdir() -> Path:
     # TFS_SHORT_TMPDIR (short too): a test that checks a run leaves nothing behind points
     # the run's directories there, away from those of runs beside it.
     return Path(tempfile.mkdtemp(prefix="tfs-", dir=os.environ.get("TFS_SHORT_TMPDIR", "/tmp")))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a metrics, health or HTTP listener)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def start_supervisor(config: dict[str, Any], workdir: Path | None = None,

@@ -69,9 +69,9 @@ def model(handler: str | None = None, options: dict[str, Any] | None = None,
 
 
 def save_sequence_model(path: Path) -> Path:
-    """The XLA-compiled embedding SavedModel (tests/leak_handlers.py), saved by a child
+    """The XLA-compiled embedding SavedModel (bench/leak_handlers.py), saved by a child
     process so that this one never imports TensorFlow."""
-    subprocess.run([sys.executable, "-c", "import sys; from tests.leak_handlers import "
+    subprocess.run([sys.executable, "-c", "import sys; from bench.leak_handlers import "
                     "save_embedding_model as s; s(sys.argv[1], jit_compile=True)", str(path)],
                    check=True)
     return path
@@ -82,7 +82,7 @@ def tensorflow_cases(sequence_model: Path) -> list[Case]:
         Case("scalar", "tf.function without input_signature, a changing Python int argument",
              model("worker.tf_handlers:retracing", {"width": 16}), rows("x", 16), "retracing"),
         Case("sizes", "tf.function without input_signature, batch sizes 1 to 3000",
-             model("tests.leak_handlers:retrace_shapes"), rows("x", 16, (1, 3000)),
+             model("bench.leak_handlers:retrace_shapes"), rows("x", 16, (1, 3000)),
              "retracing"),
         Case("lengths", "SavedModel (XLA-compiled signature), sequence lengths 1 to 1000",
              model(saved_model=sequence_model), lengths, "new_input_shapes"),
@@ -90,7 +90,7 @@ def tensorflow_cases(sequence_model: Path) -> list[Case]:
         # judged after 30 jobs, a window of a dozen jobs showed the ramp, not the per-job
         # objects (a CI run named it native heap retention). 100 jobs is the default.
         Case("keras", "Keras model.predict() per job",
-             model("tests.leak_handlers:keras_predict", warmup_jobs=100),
+             model("bench.leak_handlers:keras_predict", warmup_jobs=100),
              rows("features", 64), "python_objects"),
     ]
 
@@ -98,17 +98,17 @@ def tensorflow_cases(sequence_model: Path) -> list[Case]:
 def host_cases(demo_saved_model: Path) -> list[Case]:
     return [
         Case("hoard", "handler keeps 2000 small Python objects per job",
-             model("tests.leak_handlers:python_hoard", {"objects_per_call": 2000}),
+             model("bench.leak_handlers:python_hoard", {"objects_per_call": 2000}),
              rows("x", 16), "python_objects"),
         Case("native", "handler mallocs 256 KiB per job through ctypes, never frees",
-             model("tests.leak_handlers:native_leak", {"bytes_per_call": 256 * 1024}),
+             model("bench.leak_handlers:native_leak", {"bytes_per_call": 256 * 1024}),
              rows("x", 16), "native_heap"),
         Case("pointers", "the same, keeping each pointer (an int) in a list",
-             model("tests.leak_handlers:native_leak",
+             model("bench.leak_handlers:native_leak",
                    {"bytes_per_call": 256 * 1024, "keep_pointers": True}),
              rows("x", 16), "native_heap"),
         Case("cache", "a dict caching a 32 KiB numpy array per job, never evicted",
-             model("tests.leak_handlers:array_cache"), rows("x", 16), "python_objects"),
+             model("bench.leak_handlers:array_cache"), rows("x", 16), "python_objects"),
         Case("healthy", "the demo MLP SavedModel, one row per job",
              model(saved_model=demo_saved_model), rows("features", 64), None),
     ]

@@ -246,7 +246,7 @@ def leak_on_demand(options: dict[str, Any]) -> LeakOnDemand:
 
 
 class EagerText:
-    """Seed 002's kind of handler: the demo text encoder (the SavedModel at
+    """The common text service's kind of handler: the demo text encoder (the SavedModel at
     ``options["model"]``) served one request at a time on its own length, through a
     ``tf.function`` without ``input_signature`` that takes the length as a Python argument,
     as a service written around eager calls often does: every new length traces a new graph,
