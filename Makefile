@@ -8,7 +8,7 @@ CONFIG ?= config.yaml
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo tensorflow-cuda || echo tensorflow-cpu)
 STAMP := $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: run test lint unit bench bench-peers bench-text install clean
+.PHONY: run test lint unit bench bench-peers bench-text install clean proto
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -74,6 +74,11 @@ bench-peers: $(STAMP) $(VENV)/.installed-peers
 # bench/results/text_peers.*; `make bench-text BENCH_ARGS="--rounds 1 --seconds 5"` is quick.
 bench-text: $(STAMP) $(VENV)/.installed-peers
 	$(PY) -m bench.text_peers $(BENCH_ARGS)
+
+# The gRPC front's modules, generated from its .proto files (grpcio-tools: a dev dependency).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. \
+		supervisor/front/proto/inference.proto supervisor/front/proto/health.proto
 
 clean:
 	rm -rf run .pytest_cache .mypy_cache .ruff_cache

@@ -116,7 +116,7 @@ def to_json(output):
     return {"pooled": output.tolist()}
 '''
 
-# The common per-request text service: a WSGI app (gunicorn sync workers) calling the loaded model once
+# The common per-request service: a WSGI app (gunicorn sync workers) calling the loaded model once
 # per request, on the request's own length.
 WSGI_APP = '''
 call = load_model()

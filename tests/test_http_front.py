@@ -634,7 +634,7 @@ def test_check_and_run_name_the_http_file_that_is_wrong(tmp_path: Any) -> None:
         run = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c", str(config)],
                              capture_output=True, text=True, timeout=60)
         assert run.returncode == DaemonExit.CONFIG, run.stderr
-        assert f"supervisor.http: {key}" in run.stderr + run.stdout
+        assert f"supervisor.http.{key}" in run.stderr + run.stdout
 
 
 def test_not_ready_while_no_front_runs(tmp_path: Any) -> None:

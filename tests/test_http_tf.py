@@ -1,7 +1,7 @@
-"""The HTTP front on real TensorFlow workers: the demo MLP (SavedModel) and the demo text
-encoder (token ids of any length, padded and batched), called with the real tritonclient
-(binary and JSON), TF Serving-style requests and curl-style JSON; every answer equal to the
-ZeroMQ client's for the same input."""
+"""The HTTP and gRPC fronts on real TensorFlow workers: the demo MLP (SavedModel) and the
+demo text encoder (token ids of any length, padded and batched), called with the real
+tritonclient (HTTP binary and JSON, gRPC), TF Serving-style requests and curl-style JSON;
+every answer equal to the ZeroMQ client's for the same input."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import yaml
 
@@ -38,9 +39,10 @@ def served() -> Iterator[tuple[Supervisor, int]]:
         subprocess.run([sys.executable, "-m", "supervisor", *args], check=True,
                        capture_output=True)
     text = yaml.safe_load(EXAMPLE.read_text())["models"]["text"]
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     sup = start_supervisor({
-        "supervisor": {"http": {"listen": f"127.0.0.1:{port}", "processes": 1}},
+        "supervisor": {"http": {"listen": f"127.0.0.1:{port}", "processes": 1},
+                       "grpc": {"listen": f"127.0.0.1:{grpc_port}"}},
         "models": {"demo": {"saved_model": str(path / "demo"), "workers": 1},
                    "text": {**text, "saved_model": str(path / "text"), "workers": 1},
                    "versioned": {"saved_model": str(path / "versioned"), "workers": 1}}})
@@ -48,6 +50,7 @@ def served() -> Iterator[tuple[Supervisor, int]]:
         sup.wait_ready(300)
         wait_http_ready(port)
         sup.models_path = path  # type: ignore[attr-defined]
+        sup.grpc_port = grpc_port  # type: ignore[attr-defined]
         yield sup, port
     finally:
         sup.stop()
@@ -98,13 +101,20 @@ def test_text_encoder_variable_lengths_over_http_equal_zeromq(
         expected = [zmq_client.infer("text", {"input_ids": ids}) for ids in jobs]
     got: dict[int, dict[str, np.ndarray]] = {}
 
-    def call(i: int) -> None:
-        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-        ids = triton.InferInput("input_ids", list(jobs[i].shape), "INT32")
+    def call(i: int) -> None:  # over HTTP (binary), or over gRPC for odd i
+        if i % 2 == 0:
+            client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+            ids = triton.InferInput("input_ids", list(jobs[i].shape), "INT32")
+            ids.set_data_from_numpy(jobs[i])
+            result = client.infer("text", [ids])
+            got[i] = {o["name"]: result.as_numpy(o["name"])
+                      for o in result.get_response()["outputs"]}
+            return
+        rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{sup.grpc_port}")  # type: ignore
+        ids = triton_grpc.InferInput("input_ids", list(jobs[i].shape), "INT32")
         ids.set_data_from_numpy(jobs[i])
-        result = client.infer("text", [ids])
-        got[i] = {o["name"]: result.as_numpy(o["name"])
-                  for o in result.get_response()["outputs"]}
+        answer = rpc.infer("text", [ids])
+        got[i] = {o.name: answer.as_numpy(o.name) for o in answer.get_response().outputs}
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(jobs))]
     for t in threads:
@@ -116,6 +126,19 @@ def test_text_encoder_variable_lengths_over_http_equal_zeromq(
         assert set(got[i]) == set(want)
         for name in want:
             np.testing.assert_allclose(got[i][name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_demo_mlp_over_grpc_equals_zeromq(served: tuple[Supervisor, int]) -> None:
+    sup, _ = served
+    x = np.random.default_rng(8).random((3, 64), dtype=np.float32)
+    with Client(sup.endpoint, timeout=30) as zmq_client:
+        expected = zmq_client.infer("demo", {"features": x})["output_0"]
+    rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{sup.grpc_port}")  # type: ignore
+    assert rpc.get_model_metadata("demo").platform == "tensorflow_savedmodel"
+    features = triton_grpc.InferInput("features", [3, 64], "FP32")
+    features.set_data_from_numpy(x)
+    np.testing.assert_array_equal(rpc.infer("demo", [features]).as_numpy("output_0"),
+                                  expected)
 
 
 def test_text_model_metadata_names_the_variable_length(served: tuple[Supervisor, int]) -> None:

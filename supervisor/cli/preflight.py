@@ -51,9 +51,9 @@ def preflight(config: Config) -> list[Finding]:
         except security.UnknownGroup as exc:
             findings.append(Finding(True, f"supervisor.{setting}", str(exc).split(": ", 1)[1]))
     findings += _curve(config)
-    if sup.http.listen:
-        findings += [Finding(True, f"supervisor.http.{key}", message)
-                     for key, message in fronts.file_problems(sup.http)]
+    if sup.http.listen or sup.grpc.listen:
+        findings += [Finding(True, f"supervisor.{key}", message)
+                     for key, message in fronts.file_problems(sup.http, sup.grpc)]
     findings += _memory_budget(config)
     return findings
 

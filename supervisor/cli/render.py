@@ -39,7 +39,10 @@ def _http_lines(http: dict[str, Any] | None) -> list[str]:
     fronts = http["fronts"]
     running = sum(1 for f in fronts if f["state"] == "running")
     restarts = sum(f["restarts"] for f in fronts)
-    line = f"http {http['listen']}: {running} of {len(fronts)} front(s) running"
+    where = " ".join(f"{kind} {http[key]}" for kind, key in (("http", "listen"),
+                                                               ("grpc", "grpc"))
+                     if http.get(key))
+    line = f"{where}: {running} of {len(fronts)} front(s) running"
     if restarts:
         last = [f"front {f['slot']}: {f['last_exit']}" for f in fronts if f["last_exit"]]
         line += f"; {restarts} restart(s) ({'; '.join(last)})"

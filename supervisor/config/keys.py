@@ -415,19 +415,7 @@ class HttpSection:
         Bool(), False, "Log one line per request (method, route, status, seconds).")
 
     def check(self, path: str) -> list[ConfigError]:
-        if self.listen is None:
-            return []
-        errors = _metrics_address(f"{path}.listen", self.listen)
-        if (self.tls_cert is None) != (self.tls_key is None):
-            errors.append(ConfigError(path, "expected both tls_cert and tls_key, or neither"))
-        host = self.listen.rpartition(":")[0]
-        if not errors and self.tls_cert is None and not self.insecure and \
-                not is_loopback(f"tcp://{host}:0"):
-            errors.append(ConfigError(
-                f"{path}.listen", f"{self.listen} is reachable beyond this host without "
-                "encryption: set tls_cert and tls_key, listen on loopback, or write "
-                "supervisor.http.insecure: true"))
-        return errors
+        return _listening(path, self.listen, self.tls_cert, self.tls_key, self.insecure)
 
     def files(self, base: Path) -> HttpSection:
         """The file settings resolved against the config file's directory."""
@@ -437,6 +425,52 @@ class HttpSection:
         return dataclasses.replace(self, tls_cert=resolve(self.tls_cert),
                                    tls_key=resolve(self.tls_key),
                                    token_file=resolve(self.token_file))
+
+
+@dataclass(frozen=True)
+class GrpcSection:
+    """The gRPC front: the Open Inference Protocol's GRPCInferenceService (KServe v2, as
+    tritonclient.grpc speaks it) and grpc.health.v1, served by the same front processes as
+    HTTP (supervisor.http.processes of them; docs/grpc.md)."""
+
+    listen: str | None = setting(
+        Optional(Str()), None, "HOST:PORT the gRPC front listens on, e.g. 127.0.0.1:8081 "
+        "(off when null). Beyond loopback it needs tls_cert and tls_key, or insecure: true.")
+    insecure: bool = setting(
+        Bool(), False, "Allow plaintext gRPC beyond loopback. Anyone who reaches the port can "
+        "submit jobs.")
+    tls_cert: str | None = setting(
+        Optional(Str()), None, "PEM certificate chain file: gRPC over TLS (with tls_key).")
+    tls_key: str | None = setting(
+        Optional(Str()), None, "PEM private key file of tls_cert.")
+
+    def check(self, path: str) -> list[ConfigError]:
+        return _listening(path, self.listen, self.tls_cert, self.tls_key, self.insecure)
+
+    def files(self, base: Path) -> GrpcSection:
+        def resolve(value: str | None) -> str | None:
+            return None if value is None else str((base / value).resolve())
+
+        return dataclasses.replace(self, tls_cert=resolve(self.tls_cert),
+                                   tls_key=resolve(self.tls_key))
+
+
+def _listening(path: str, listen: str | None, tls_cert: str | None, tls_key: str | None,
+               insecure: bool) -> list[ConfigError]:
+    """A front's address: HOST:PORT; beyond loopback only with TLS or insecure: true (the
+    rule the ZeroMQ frontend has with CURVE)."""
+    if listen is None:
+        return []
+    errors = _metrics_address(f"{path}.listen", listen)
+    if (tls_cert is None) != (tls_key is None):
+        errors.append(ConfigError(path, "expected both tls_cert and tls_key, or neither"))
+    host = listen.rpartition(":")[0]
+    if not errors and tls_cert is None and not insecure and \
+            not is_loopback(f"tcp://{host}:0"):
+        errors.append(ConfigError(
+            f"{path}.listen", f"{listen} is reachable beyond this host without encryption: "
+            f"set tls_cert and tls_key, listen on loopback, or write {path}.insecure: true"))
+    return errors
 
 
 @dataclass(frozen=True)
@@ -508,6 +542,9 @@ class SupervisorSection:
     http: HttpSection = setting(
         Section(HttpSection), None, "The HTTP front (Open Inference Protocol v2, TF Serving "
         "REST); off unless listen is set.")
+    grpc: GrpcSection = setting(
+        Section(GrpcSection), None, "The gRPC front (Open Inference Protocol v2); off unless "
+        "listen is set.")
     insecure: bool = setting(
         Bool(), False, "Allow TCP endpoints beyond loopback (and TCP control or admin "
         "endpoints) without CURVE. Anyone who reaches them can submit jobs or stop workers.")
@@ -537,6 +574,10 @@ class SupervisorSection:
             errors.extend(_metrics_address(f"{path}.metrics", self.metrics))
         if not (self.curve.enabled or self.insecure):
             errors.extend(_exposed(path, self.endpoints, self.control, self.admin))
+        if self.http.listen and self.grpc.listen and \
+                self.http.listen.rpartition(":")[2] == self.grpc.listen.rpartition(":")[2]:
+            errors.append(ConfigError(f"{path}.grpc.listen", "the HTTP and gRPC fronts need "
+                                      "ports of their own"))
         if self.curve.enabled and self.admin.startswith("tcp://") and \
                 self.curve.admin_clients is None:
             errors.append(ConfigError(f"{path}.admin", "a TCP admin endpoint needs "

@@ -21,6 +21,7 @@ from supervisor.config.keys import (
     BatchingConfig,
     Config,
     CurveConfig,
+    GrpcSection,
     HttpSection,
     ModelConfig,
     PaddingConfig,
@@ -222,7 +223,7 @@ def _parse_config(text: str, file: Path | None) -> Config:
             str((base / curve.server_secret_key).resolve()),
             str((base / curve.authorized_clients).resolve()),
             str((base / curve.admin_clients).resolve()) if curve.admin_clients else None))
-    sup = dataclasses.replace(sup, http=sup.http.files(base))
+    sup = dataclasses.replace(sup, http=sup.http.files(base), grpc=sup.grpc.files(base))
     return Config(supervisor=sup, models=models, path=file, runtime_dir=runtime_dir)
 
 
@@ -380,6 +381,8 @@ def config_reference() -> str:
                 ("supervisor.curve", CurveConfig, CurveConfig.__doc__ or ""),
                 ("supervisor.http", HttpSection, (HttpSection.__doc__ or "").replace(
                     "\n    ", " ")),
+                ("supervisor.grpc", GrpcSection, (GrpcSection.__doc__ or "").replace(
+                    "\n    ", " ")),
                 ("models.NAME", ModelConfig, "One served model. Exactly one of `saved_model`, "
                  "`keras`, `handler`. Relative paths are relative to the config file."),
                 ("models.NAME.tf", TfConfig, TfConfig.__doc__ or ""),
@@ -403,7 +406,7 @@ def config_reference() -> str:
         lines += [f"## `{prefix}`", "", text, "", "| key | expects | default | meaning |",
                   "|---|---|---|---|"]
         for key, expected, default, help_text in describe(cls):
-            if key in ("tf", "policy", "curve", "http", "batching", "padding"):
+            if key in ("tf", "policy", "curve", "http", "grpc", "batching", "padding"):
                 continue
             lines.append(f"| `{key}` | {expected} | `{default}` | {help_text} |")
         lines.append("")

@@ -178,7 +178,8 @@ class Controller:
         fronts = self.fronts()
         if fronts is None:
             return None
-        return {"listen": self.core.config.supervisor.http.listen, "fronts": fronts}
+        sup = self.core.config.supervisor
+        return {"listen": sup.http.listen, "grpc": sup.grpc.listen, "fronts": fronts}
 
     def _batches(self, model: str, batching: BatchingConfig) -> dict[str, Any]:
         router = self.core.router

@@ -192,14 +192,14 @@ class Daemon:
         with startup.step(f"endpoint {sup.control}", runtime_dir=True):
             self.gate.pausable(sup.control, share=0.5)  # later: probes reach it
         if sup.curve.enabled:
-            if sup.http.listen:
+            if sup.http.listen or sup.grpc.listen:
                 with startup.step("the HTTP fronts' key pair", runtime_dir=True):
                     self.front_key = security.front_certificate(private)
             self._curve(sup)
         for endpoint in sup.endpoints:
             self._bind(self.frontend, endpoint, gid)
         self._bind(self.backend, self.config.backend, None)
-        if sup.http.listen:
+        if sup.http.listen or sup.grpc.listen:
             self._http(sup)
         self._bind(self.control, sup.control, gid)
         self._bind(self.admin, sup.admin, admin_gid, shared=admin_gid is not None)
@@ -218,10 +218,11 @@ class Daemon:
             server = load_certificate(sup.curve.server_secret_key)[0]
             curve = (server.decode(), str(self.front_key[1]))
         self.fronts = Fronts(sup.http, endpoint, private / "front-metrics", sup.log_level,
-                             self.log_format, curve)
-        with startup.step("supervisor.http"):
+                             self.log_format, curve, sup.grpc, sup.max_message_size)
+        with startup.step("the fronts' files"):
             self.fronts.bind()
-        with startup.step(f"supervisor.http.listen {sup.http.listen}"):
+        with startup.step(f"the fronts' address (http {sup.http.listen}, grpc "
+                          f"{sup.grpc.listen})"):
             self.fronts.listen()
         self.reporter.metrics.registry.register(self.fronts.collector())
         self.reporter.fronts = self.fronts.facts  # readiness: no front running, not ready

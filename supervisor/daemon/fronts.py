@@ -28,7 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from supervisor.config.keys import HttpSection
+from supervisor.config.keys import GrpcSection, HttpSection
 from supervisor.shared import logs
 from supervisor.shared.exitcodes import describe_exit
 
@@ -40,6 +40,7 @@ STEADY = 60.0  # a front that lived this long starts its back-off afresh
 BACKLOG = 1024  # connections waiting to be accepted (capped by somaxconn)
 EXIT_GRACE = 5.0  # after the daemon's own drain, how long fronts may take to close
 HTTP_MODULES = ("httptools", "orjson")  # what a front imports beyond the daemon's own
+GRPC_MODULES = ("grpc", "google.protobuf")  # and with supervisor.grpc
 
 
 @dataclass
@@ -56,8 +57,12 @@ class FrontProcess:
 class Fronts:
     def __init__(self, settings: HttpSection, endpoint: str, metrics_dir: Path,
                  log_level: str, log_format: str,
-                 curve: tuple[str, str] | None = None) -> None:
+                 curve: tuple[str, str] | None = None,
+                 grpc: GrpcSection | None = None, max_message: int = 256 * 1024**2) -> None:
         self.settings, self.endpoint, self.metrics_dir = settings, endpoint, metrics_dir
+        self.grpc = grpc if grpc is not None and grpc.listen else None
+        self.max_message = max_message
+        self.grpc_sock: socket.socket | None = None  # the gRPC port, held, not listened on
         self.curve = curve  # (the daemon's public key, the fronts' secret certificate)
         self.log_settings = {"log_level": log_level, "log_format": log_format}
         self.sock: socket.socket | None = None
@@ -71,32 +76,35 @@ class Fronts:
         """The files (TLS, token, the http extra), then the listening socket, before any
         front starts: a problem with a file is a ValueError naming its setting (a config
         error), one with the address an OSError (the start's)."""
-        assert self.settings.listen is not None
-        problems = file_problems(self.settings)
+        problems = file_problems(self.settings, self.grpc)
         if problems:
-            raise ValueError("; ".join(f"{key}: {message}" for key, message in problems))
+            raise ValueError("; ".join(f"supervisor.{key}: {message}"
+                                       for key, message in problems))
         if self.settings.token_file:
             self.token = Path(self.settings.token_file).read_text().strip()
         shutil.rmtree(self.metrics_dir, ignore_errors=True)  # counters of a previous run
         self.metrics_dir.mkdir(mode=0o700, parents=True)
 
     def listen(self) -> None:
-        assert self.settings.listen is not None
-        host, _, port = self.settings.listen.rpartition(":")
-        host = host.strip("[]") or "0.0.0.0"
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, int(port)), family=family, backlog=BACKLOG)
-        self.sock.set_inheritable(True)
+        """The HTTP socket, listening, which the fronts inherit; the gRPC port bound with
+        SO_REUSEPORT and never listened on, which keeps it ours while each front's gRPC
+        server binds it beside (a taken port fails here, at start, in one line)."""
+        if self.settings.listen:
+            host, port = _address(self.settings.listen)
+            self.sock = socket.create_server((host, port), family=_family(host),
+                                             backlog=BACKLOG)
+            self.sock.set_inheritable(True)
+        if self.grpc is not None and self.grpc.listen:
+            host, port = _address(self.grpc.listen)
+            self.grpc_sock = socket.socket(_family(host), socket.SOCK_STREAM)
+            self.grpc_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            self.grpc_sock.bind((host, port))
 
     def collector(self) -> MultiProcessCollector:
         """The fronts' metrics, added up from their files, for the daemon's registry."""
         return MultiProcessCollector(  # type: ignore[no-untyped-call]
             CollectorRegistry(auto_describe=True), path=str(self.metrics_dir))
 
-    @property
-    def port(self) -> int:
-        assert self.sock is not None
-        return int(self.sock.getsockname()[1])
 
     # --- the loop's part -----------------------------------------------------------------
 
@@ -135,9 +143,10 @@ class Fronts:
                 front.process.kill()
                 front.process.wait()
             self._gone(front)
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        for sock in (self.sock, self.grpc_sock):
+            if sock is not None:
+                sock.close()
+        self.sock = self.grpc_sock = None
 
     def facts(self, now: float) -> list[dict[str, Any]]:
         """For `status`: each front's pid, state, age, restarts and last exit."""
@@ -150,26 +159,26 @@ class Fronts:
     # --- one front -----------------------------------------------------------------------
 
     def _start(self, front: FrontProcess, now: float) -> None:
-        assert self.sock is not None
+        fd = self.sock.fileno() if self.sock is not None else -1
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
                "TFS_HTTP_SETTINGS": json.dumps(self._front_settings())}
         if self.token:
             env["TFS_HTTP_TOKEN"] = self.token
         if self.curve is not None:
             env["TFS_FRONT_CURVE"] = json.dumps(self.curve)
-        command = [sys.executable, "-m", "supervisor.front", "--fd", str(self.sock.fileno()),
+        command = [sys.executable, "-m", "supervisor.front", "--fd", str(fd),
                    "--endpoint", self.endpoint, "--slot", str(front.slot),
                    "--parent", str(os.getpid())]
         try:
             front.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                             pass_fds=(self.sock.fileno(),),
+                                             pass_fds=(fd,) if fd >= 0 else (),
                                              process_group=0)
         except OSError as exc:
             self._failed(front, now, f"could not be started: {exc}")
             return
         front.started_at = now
         log.info("front_started", slot=front.slot, pid=front.process.pid,
-                 listen=self.settings.listen)
+                 listen=self.settings.listen, grpc=self.grpc.listen if self.grpc else None)
 
     def _reap(self, front: FrontProcess, now: float) -> None:
         assert front.process is not None
@@ -202,38 +211,62 @@ class Fronts:
 
     def _front_settings(self) -> dict[str, Any]:
         s = self.settings
+        grpc = self.grpc
         return {"default_timeout": s.default_timeout, "keepalive_timeout": s.keepalive_timeout,
                 "request_timeout": s.request_timeout, "max_body_size": s.max_body_size,
                 "max_connections": s.max_connections, "access_log": s.access_log,
-                "tls_cert": s.tls_cert, "tls_key": s.tls_key, **self.log_settings}
+                "tls_cert": s.tls_cert, "tls_key": s.tls_key,
+                "grpc_listen": grpc.listen if grpc else None,
+                "grpc_tls_cert": grpc.tls_cert if grpc else None,
+                "grpc_tls_key": grpc.tls_key if grpc else None,
+                "max_message_size": self.max_message, **self.log_settings}
 
 
-def file_problems(settings: HttpSection) -> list[tuple[str, str]]:
-    """What `check` and the start both find wrong with the http section's files and
-    modules: (setting, problem), the setting named under supervisor.http."""
+def file_problems(settings: HttpSection,
+                  grpc: GrpcSection | None = None) -> list[tuple[str, str]]:
+    """What `check` and the start both find wrong with the fronts' files and modules:
+    (setting, problem), the setting named under supervisor (http.tls_cert, ...)."""
     problems = []
     missing = [m for m in HTTP_MODULES if importlib.util.find_spec(m) is None]
+    if grpc is not None and grpc.listen:
+        missing += [m for m in GRPC_MODULES if importlib.util.find_spec(m) is None]
     if missing:
-        problems.append(("listen", f"{', '.join(missing)} not installed: the HTTP front needs "
-                         "the http extra (pip install 'tfsupervisor[http]')"))
-    if settings.tls_cert and settings.tls_key:
-        try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-                settings.tls_cert, settings.tls_key)
-        except FileNotFoundError as exc:
-            key = "tls_key" if exc.filename == settings.tls_key else "tls_cert"
-            problems.append((key, f"{exc.filename or getattr(settings, key)}: no such file"))
-        except (OSError, ssl.SSLError) as exc:
-            problems.append(("tls_cert", f"{settings.tls_cert} and {settings.tls_key} are "
-                             f"not a PEM certificate chain and its private key ({exc})"))
+        problems.append(("http.listen", f"{', '.join(missing)} not installed: the fronts "
+                         "need the http extra (pip install 'tfsupervisor[http]')"))
+    problems += _tls_problems("http", settings.tls_cert, settings.tls_key)
+    if grpc is not None:
+        problems += _tls_problems("grpc", grpc.tls_cert, grpc.tls_key)
     if settings.token_file:
         try:
             token = Path(settings.token_file).read_text().strip()
         except (OSError, UnicodeDecodeError) as exc:
-            problems.append(("token_file", f"{settings.token_file}: "
+            problems.append(("http.token_file", f"{settings.token_file}: "
                              f"{getattr(exc, 'strerror', None) or exc}"))
         else:
             if not token or not token.isprintable() or " " in token:
-                problems.append(("token_file", f"{settings.token_file}: expected one token "
-                                 "of printable characters without spaces"))
+                problems.append(("http.token_file", f"{settings.token_file}: expected one "
+                                 "token of printable characters without spaces"))
     return problems
+
+
+def _tls_problems(section: str, cert: str | None, key: str | None) -> list[tuple[str, str]]:
+    if not (cert and key):
+        return []
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except FileNotFoundError as exc:
+        setting = "tls_key" if exc.filename == key else "tls_cert"
+        return [(f"{section}.{setting}", f"{exc.filename or cert}: no such file")]
+    except (OSError, ssl.SSLError) as exc:
+        return [(f"{section}.tls_cert", f"{cert} and {key} are not a PEM certificate chain "
+                 f"and its private key ({exc})")]
+    return []
+
+
+def _address(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

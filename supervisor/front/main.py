@@ -18,6 +18,7 @@ import socket
 import ssl
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from supervisor.client.aclient import AsyncClient
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     loop = asyncio.get_running_loop()
-    sock = socket.socket(fileno=args.fd)
+    sock = socket.socket(fileno=args.fd) if args.fd >= 0 else None
     context = _tls(settings)
     default_timeout = float(settings.get("default_timeout", 60.0))
     token = os.environ.pop(TOKEN_ENV, None)
@@ -83,20 +84,46 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     limits = Limits(max_body, request_timeout, float(settings.get("keepalive_timeout", 5.0)),
                     _connections_allowed(int(settings.get("max_connections", 1000))), access)
     connections = Connections(body_budget=2 * max_body)
-    server = await loop.create_server(
-        lambda: HttpConnection(front, limits, connections), sock=sock, ssl=context,
-        ssl_handshake_timeout=request_timeout if context is not None else None)
+    server = None
+    if sock is not None:
+        server = await loop.create_server(
+            lambda: HttpConnection(front, limits, connections), sock=sock, ssl=context,
+            ssl_handshake_timeout=request_timeout if context is not None else None)
+    rpc = await _grpc(front, settings)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info("front_started", pid=os.getpid(), slot=args.slot)
     await stop.wait()
-    server.close()  # this process stops accepting; the socket stays the daemon's
+    if server is not None:
+        server.close()  # this process stops accepting; the socket stays the daemon's
     connections.drain()
+    if rpc is not None:  # refuses new calls, waits for those under way
+        await rpc.stop(default_timeout)
     await connections.empty.wait()
     refresher.cancel()
     await client.close()
     log.info("front_stopped", pid=os.getpid(), slot=args.slot)
     return 0
+
+
+async def _grpc(front: Front, settings: dict[str, Any]) -> Any:
+    """The gRPC front on supervisor.grpc.listen, started; None when it is off."""
+    listen = settings.get("grpc_listen")
+    if not listen:
+        return None
+    from supervisor.front import grpc_service  # grpcio only where gRPC is on
+
+    credentials = None
+    if settings.get("grpc_tls_cert"):
+        import grpc
+
+        key = Path(settings["grpc_tls_key"]).read_bytes()
+        credentials = grpc.ssl_server_credentials(
+            [(key, Path(settings["grpc_tls_cert"]).read_bytes())])
+    server = grpc_service.server(front, listen, int(settings.get("max_message_size",
+                                                                 256 * 1024**2)), credentials)
+    await server.start()
+    return server
 
 
 def _connections_allowed(configured: int) -> int:
