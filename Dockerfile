@@ -53,10 +53,11 @@ ENV PATH=/opt/tfsupervisor/bin:${PATH} \
 USER 10001:10001
 WORKDIR /tmp
 # Jobs (supervisor.endpoints, e.g. tcp://0.0.0.0:5555 with CURVE), Prometheus metrics
-# (supervisor.metrics: 0.0.0.0:9464) and the HTTP front (supervisor.http.listen:
-# 0.0.0.0:8080, with TLS or insecure: true; Open Inference Protocol v2 and TF Serving REST;
-# 8080 is KServe's HTTP port). EXPOSE opens nothing: the config decides what listens.
-EXPOSE 5555 9464 8080
+# (supervisor.metrics: 0.0.0.0:9464), the HTTP front (supervisor.http.listen:
+# 0.0.0.0:8080, with TLS or insecure: true; Open Inference Protocol v2 and TF Serving REST)
+# and the gRPC front (supervisor.grpc.listen: 0.0.0.0:8081), on KServe's ports for each.
+# EXPOSE opens nothing: the config decides what listens.
+EXPOSE 5555 9464 8080 8081
 # SIGTERM starts the drain: queued and running jobs are answered, then workers stop.
 STOPSIGNAL SIGTERM
 # For `docker run`; Kubernetes uses the httpGet probes in deploy/kubernetes/ instead. GET

@@ -98,3 +98,13 @@ def save_text_model(path: Path) -> None:
 
 def echo_model(workers: int = 2, **options: Any) -> dict[str, Any]:
     return {"handler": "worker.handlers:echo", "workers": workers, "options": options}
+
+
+def stand_in_saved_model(directory: Path) -> None:
+    """What `check` reads of a SavedModel without TensorFlow: a saved_model.pb framed as one
+    (a meta graph field, empty) and variables/variables.index. Enough for the checks of a
+    layout (where a model is mounted, which paths resolve), never loadable."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "saved_model.pb").write_bytes(b"\x12\x00")
+    (directory / "variables").mkdir(exist_ok=True)
+    (directory / "variables" / "variables.index").write_bytes(b"")

@@ -33,7 +33,7 @@ import pytest
 from bench.dockerfile import DOCKERFILE, exec_form, instructions, stages
 from supervisor.cli.commands import build_parser
 from supervisor.client import Client
-from tests.conftest import start_supervisor
+from tests.conftest import stand_in_saved_model, start_supervisor
 from tests.test_kubernetes import config_mount, config_of, container, one, rendered
 
 REPO = Path(__file__).resolve().parent.parent
@@ -345,9 +345,7 @@ def test_the_documented_docker_run_serves_the_demo_config(
     root = Path(f"/tmp/tfs-docker-{os.getpid()}")  # short: ipc paths are bounded
     shutil.rmtree(root, ignore_errors=True)
     try:
-        model_dir = root / "opt/tfsupervisor/models/demo"
-        model_dir.mkdir(parents=True)
-        (model_dir / "saved_model.pb").write_bytes(b"stand-in: check looks for the file")
+        stand_in_saved_model(root / "opt/tfsupervisor/models/demo")
         (root / "run").mkdir()
         (root / "etc/tfsupervisor").mkdir(parents=True)
         text = re.sub(r"(?<![\w/])(/run|/opt/tfsupervisor)(?=/)", lambda m: f"{root}{m[1]}",

@@ -51,6 +51,7 @@ from supervisor.daemon.health import Health
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.security import keygen, read_clients
 from supervisor.shared.certificates import load_certificate
+from tests.conftest import stand_in_saved_model
 from tests.kustomize import render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -365,9 +366,7 @@ def pod_root(variant: str, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     for model in config_of(objects).models.values():
         if model.saved_model:
             assert model.saved_model.startswith(MODELS_IN_IMAGE + "/")
-            directory = root / model.saved_model.lstrip("/")
-            directory.mkdir(parents=True)
-            (directory / "saved_model.pb").write_bytes(b"stand-in: check looks for the file")
+            stand_in_saved_model(root / model.saved_model.lstrip("/"))
     prefixes = sorted({*mounts(objects), MODELS_IN_IMAGE}, key=len, reverse=True)
     pattern = "|".join(re.escape(p) for p in prefixes)
     text = re.sub(rf"(?<![\w/])({pattern})(?=[/\s\"']|$)", lambda m: f"{root}{m.group(1)}",
@@ -578,8 +577,12 @@ def test_ports_and_selectors_line_up(variant: str) -> None:
     assert service["spec"]["clusterIP"] == "None"  # headless: every pod's address
     assert service["spec"]["selector"].items() <= labels.items()
     assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
-        "jobs": "jobs", "metrics": "metrics", "http": "http"}
+        "jobs": "jobs", "metrics": "metrics", "http": "http", "grpc": "grpc"}
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]}["http"] == ports["http"]
+    # the gRPC front on the container's `grpc` port, 8081 as KServe has it, same rule
+    grpc = config.supervisor.grpc
+    assert grpc.listen == f"0.0.0.0:{ports['grpc']}" and ports["grpc"] == 8081
+    assert grpc.insecure or (grpc.tls_cert and grpc.tls_key)
     pdb = one(objects, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     monitor = one(objects, "ServiceMonitor")
