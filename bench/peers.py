@@ -91,6 +91,8 @@ PEERS: dict[str, Variant] = {v.name: v for v in (
             "adaptive)", adaptive=True),
     Variant("tfsupervisor-http", "tfsupervisor over its HTTP front (Open Inference Protocol "
             "v2 JSON), the same wait", front="http", body="oip"),
+    Variant("tfsupervisor-grpc", "tfsupervisor over its gRPC front (Open Inference "
+            "Protocol v2, raw tensors), the same wait", front="grpc"),
     Variant("mosec", "mosec 2 workers, batch 32 (raw bytes)", "script", modules=("mosec",),
             script=MOSEC_SERVER, args=MOSEC_ARGS, path="/inference"),
     Variant("mosec-oip", "mosec 2 workers, batch 32 (Open Inference Protocol v2 JSON, as "

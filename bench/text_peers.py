@@ -213,6 +213,8 @@ PEERS: dict[str, Variant] = {v.name: v for v in (
             "wait adapts)", adaptive=True),
     Variant("tfsupervisor-http", "tfsupervisor, examples/text.yaml over its HTTP front (Open "
             "Inference Protocol v2 JSON)", front="http", body="oip"),
+    Variant("tfsupervisor-grpc", "tfsupervisor, examples/text.yaml over its gRPC front "
+            "(Open Inference Protocol v2, raw tensors)", front="grpc"),
     Variant("mosec-oip", "mosec 2 workers, batch 32, padded to the batch's longest (Open "
             "Inference Protocol v2 JSON, as tfsupervisor-http)", "script", modules=("mosec",),
             script=MOSEC_OIP_SERVER, args=MOSEC_ARGS, path="/inference", body="oip"),

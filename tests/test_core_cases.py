@@ -862,3 +862,29 @@ def test_a_recycle_of_a_worker_not_live_names_those_that_are() -> None:
     world.ready("a-1")
     with pytest.raises(KeyError, match=r"no live worker 'a-9' \(live: a-1\)"):
         world.core.recycle("a", "a-9")
+
+
+def test_a_batch_wait_that_ends_between_housekeepings_is_sent_at_once() -> None:
+    """A partial batch whose wait ended between two housekeepings was left, while its
+    worker sat idle, to the next job or memory poll: under the adaptive wait, 3 clients on
+    one worker fell from ~1,000 to ~50 jobs/s. The wait's end wakes the loop, and that wake
+    sends it (waits_over), whatever the housekeeping's turn."""
+    world = World(BASE.replace("batching: {max_batch_size: 8}",
+                               "batching: {max_batch_size: 8, batch_timeout_ms: 5}"))
+    world.ready("a-1")
+    start = world.now
+    held = world.request(valid("a", 1, 2))
+    assert "a-1" not in world.batches  # waiting for batch mates
+    assert world.core.queue_wake(start, start + 0.01) == pytest.approx(start + 0.005)
+    world.now = start + 0.006  # the wait is over; the next housekeeping is 4 ms away
+    assert world.core.queue_wake(world.now, start + 0.01) == world.now  # wake now
+    world.core.waits_over(world.now)
+    world.run()
+    [batch] = world.batches["a-1"]
+    assert len(batch.jobs) == 1
+    # with the worker busy, an ended wait does not wake the loop (its answer will)
+    world.request(valid("a", 1, 2))
+    world.now += 0.006
+    assert world.core.queue_wake(world.now, world.now + 0.01) == math.inf
+    world.answer("a-1")
+    assert world.code(held) == "ok"

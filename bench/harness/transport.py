@@ -129,3 +129,38 @@ class Http:
 
         return post
 
+
+
+# The Open Inference Protocol's datatypes of the numpy dtypes the benches send.
+_OIP = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64"}
+
+
+@dataclass(frozen=True)
+class Grpc:
+    """The Open Inference Protocol over gRPC, as ``tritonclient.grpc`` sends it: inputs in
+    ``raw_input_contents``, the output read from ``raw_output_contents``. One channel per
+    client process, shared by its threads (HTTP/2 carries their calls at once)."""
+
+    port: int
+    model: str
+    name: str = "grpc"
+
+    def connect(self) -> Call:
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=[
+            ("grpc.max_send_message_length", 2**30),
+            ("grpc.max_receive_message_length", 2**30)])
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def infer(inputs: Inputs) -> np.ndarray:
+            request = service_pb2.ModelInferRequest(model_name=self.model)
+            for name, value in inputs.items():
+                array = np.ascontiguousarray(value)
+                request.inputs.add(name=name, datatype=_OIP[array.dtype], shape=array.shape)
+                request.raw_input_contents.append(array.tobytes())
+            response = stub.ModelInfer(request, timeout=60)
+            return np.frombuffer(response.raw_output_contents[0], np.float32)
+
+        return infer

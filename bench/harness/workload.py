@@ -25,6 +25,7 @@ from bench.harness.server import (
 )
 from bench.harness.transport import (
     Codec,
+    Grpc,
     Http,
     Inputs,
     Transport,
@@ -45,8 +46,9 @@ class Variant:
 
     ``server``: "tfsupervisor"; "script" (a peer's server script, ``script`` after the
     workload's loader, run as ``command``); or "ceiling" (no server: the bench's own loop).
-    ``front``: how clients reach tfsupervisor: "zmq" (its Client) or "http" (its Open
-    Inference Protocol v2 front, ``supervisor.http``). ``body``: an HTTP server's body,
+    ``front``: how clients reach tfsupervisor: "zmq" (its Client), "http" (its Open
+    Inference Protocol v2 front, ``supervisor.http``) or "grpc" (the same protocol over
+    gRPC, ``supervisor.grpc``, raw tensors). ``body``: an HTTP server's body,
     "raw", "json" or "oip". ``wait_ms``: its batch wait (None: the run's common wait);
     ``adaptive``: tfsupervisor with ``batch_timeout_ms`` unset, so the wait adapts.
     """
@@ -71,8 +73,10 @@ class Variant:
 
 def skipped(variant: Variant) -> str | None:
     """Why ``variant`` cannot run here (its packages, or the HTTP front), else None."""
-    if variant.front == "http" and not http_front():
+    if variant.front in ("http", "grpc") and not http_front():
         return NO_HTTP_FRONT
+    if variant.front == "grpc" and not installed(("grpc", "tritonclient.grpc")):
+        return SKIPPED
     if variant.server != "ceiling" and not installed(variant.modules):
         return SKIPPED
     return None
@@ -162,6 +166,13 @@ class Workload:
 
             def transport(sup: Supervisor) -> Transport:
                 return Http(port, f"/v2/models/{self.model}/infer", self.codec("oip"))
+        elif variant.front == "grpc":
+            port = free_port()
+            config["supervisor"] = {**config.get("supervisor", {}),
+                                    "grpc": {"listen": f"127.0.0.1:{port}"}}
+
+            def transport(sup: Supervisor) -> Transport:
+                return Grpc(port, self.model)
         else:
             def transport(sup: Supervisor) -> Transport:
                 return Zmq(sup.endpoint, self.model, self.output)

@@ -194,12 +194,32 @@ class Core:
                 continue
             batch_ends = next_deadline(queue, self.router.batch_policy(
                 model, state.config.batch_policy))
-            if batch_ends is not None and batch_ends > now:
-                wake = min(wake, batch_ends)
+            if batch_ends is not None and (batch_ends > now or self._idle(model)):
+                # over, with a worker idle: waits_over sends it on this very wake
+                wake = min(wake, max(batch_ends, now))
             expires = self.router.expiries.earliest(model)
             if expires is not None:
                 wake = min(wake, max(expires, next_housekeeping))
         return wake
+
+    def waits_over(self, now: float) -> None:
+        """Partial batches whose wait is over, sent to idle workers: on every wake-up of the
+        loop, not only at housekeeping. The loop wakes when a wait ends (queue_wake); one
+        that ended between two housekeepings was left until the next job or memory poll,
+        while the clients whose jobs it held waited (measured: 3 clients on one worker fell
+        from ~1,000 to ~50 jobs/s under the adaptive wait)."""
+        for model, state in self.pool.models.items():
+            queue = self.router.queues.get(model)
+            if not queue:
+                continue
+            ends = next_deadline(queue, self.router.batch_policy(model,
+                                                                 state.config.batch_policy))
+            if ends is not None and ends <= now and self._idle(model):
+                self.dispatch(model, now)
+
+    def _idle(self, model: str) -> bool:
+        """A ready worker of the model holds no job (the router's rule for an idle one)."""
+        return any(w.id not in self.router.held for w in self.pool.ready(model))
 
     def dispatch(self, model: str, now: float) -> None:
         state = self.pool.models.get(model)

@@ -395,6 +395,8 @@ class Daemon:
         reap exited workers, read memory when a poll is due, let the core tick, report."""
         now = self.clock()
         if now < self.next_housekeeping:
+            self.core.waits_over(now)  # a batch whose wait ended is not held for the rest
+            self._perform()
             return
         self.next_housekeeping = now + HOUSEKEEPING
         self._stalled(now - self.turn_started)  # this turn's handlers took that long
