@@ -160,3 +160,16 @@ class Gated(Echo):
                 time.sleep(0.01)
         return super().respond(inputs)
 
+
+class Ballast(Echo):
+    """Holds ``ballast_bytes`` of private memory from its start (a model's weights, say): a
+    replacement beside it adds that much to the container."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        # Filled in place: no transient copy twice its size on the way.
+        self.ballast = bytearray(b"\x01") * int(options.get("ballast_bytes", 100 * 1024**2))
+
+
+def ballast(options: dict[str, Any]) -> Ballast:
+    return Ballast(options)
