@@ -70,11 +70,18 @@ def hog(options: dict[str, Any]) -> Hog:
 
 
 
+# A process that says its pid (appending "session PID" to the file named by its argument) and
+# sleeps: the same command line serves for a look-alike the test starts itself.
+SESSION_CHILD = ("import os, sys, time; open(sys.argv[1], 'a').write(f'session {os.getpid()}\\n'); "
+                 "time.sleep(600)")
+
+
 class Spawner(Echo):
     """Starts child processes, as handlers that shell out do: on a row marked 1.0 a child
     in the worker's process group that holds ``child_bytes``; on 2.0 one that escapes the
-    group (``setsid``: a new session) and is orphaned once it has said its pid. Each
-    child's pid is appended to the file ``pids``."""
+    group (``setsid``: a new session) and is orphaned once it has said its pid; on 4.0 one
+    in a session of its own that stays its child. Each child's pid is appended to the file
+    ``pids``."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__(options)
@@ -101,6 +108,11 @@ class Spawner(Echo):
             script = (f"env -i setsid sh -c '{bare}' & "
                       f"until [ -e {self.pids}.release ]; do sleep 0.05; done")
             subprocess.Popen(["sh", "-c", script])
+        elif mark == 4.0:
+            # A child in a session of its own that stays the worker's child: it outlives a
+            # worker that dies with its supervisor (killed outright), re-parented to init.
+            subprocess.Popen([sys.executable, "-c", SESSION_CHILD, self.pids],
+                             start_new_session=True)
         return super().respond(inputs)
 
 
@@ -147,3 +159,17 @@ class Gated(Echo):
             while not os.path.exists(self.release) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return super().respond(inputs)
+
+
+class Ballast(Echo):
+    """Holds ``ballast_bytes`` of private memory from its start (a model's weights, say): a
+    replacement beside it adds that much to the container."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__(options)
+        # Filled in place: no transient copy twice its size on the way.
+        self.ballast = bytearray(b"\x01") * int(options.get("ballast_bytes", 100 * 1024**2))
+
+
+def ballast(options: dict[str, Any]) -> Ballast:
+    return Ballast(options)

@@ -13,13 +13,16 @@ from supervisor.config.loading import parse_config
 from supervisor.core.budget import (
     MAX_BUFFER,
     MIB,
+    PRIVATE,
     Budget,
     CgroupMemory,
     OomCounter,
     sizing_problem,
 )
+from supervisor.core.history import Reading
 from supervisor.core.pool import State
-from supervisor.core.reasons import ExitCause, Reason
+from supervisor.core.reasons import ExitCause, Hold, Reason
+from supervisor.core.recycling import held_back
 from supervisor.daemon import cgroup
 from supervisor.daemon.control import Controller
 from supervisor.daemon.metrics import Metrics
@@ -407,3 +410,124 @@ def test_check_warns_of_a_host_sized_floor_in_a_container() -> None:
     budget.update(reading(8 * GIB, 0), None)
     found = sizing_problem(config.models, budget, config.supervisor.min_available_memory)
     assert found is not None and "a quarter or more of the container's limit" in found
+
+
+# --- a model never goes dark for a planned recycle (issue 46, item 1) ----------------------
+
+def ready_ids(w: World) -> list[str]:
+    return [x.id for x in w.core.pool.ready("a")]
+
+
+def test_a_recycle_counts_until_its_replacement_is_ready() -> None:
+    """Drain-first (no room beside it): the second worker's recycle waits until the first
+    one's replacement is *ready*, not only until the old worker is gone (it used to begin
+    0.2-0.4 s after the exit, both workers out while the replacement loaded)."""
+    w = world(3 * GIB, 2 * GIB)
+    w.core.recycle("a", "a-1")
+    w.poll()
+    w.tick()
+    w.exit("a-1", 0)
+    w.tick()
+    assert spawned(w) == ["a-3"]
+    w.core.recycle("a", "a-2")
+    for _ in range(3):
+        w.tick(1.0)
+        w.poll()
+        a2 = w.core.pool.workers["a-2"]
+        assert a2.state is State.READY and not a2.leaving  # still loading: a-1's recycle
+        assert held_back(w.core.pool, a2) == (Reason.MANUAL, Hold.MAX_CONCURRENT_RECYCLES)
+    w.memory["a-3"] = WARM
+    w.ready("a-3")
+    w.poll()
+    assert w.core.pool.workers["a-2"].leaving  # a-3 is ready: its turn
+    assert ready_ids(w)  # and the model serves throughout
+
+
+def test_two_workers_over_max_memory_in_one_poll_leave_one_serving() -> None:
+    """Both cross max_memory in the same poll: one drains at once, the other (the model's last
+    ready worker) serves on until a replacement is ready (both used to drain together)."""
+    w = world(8 * GIB, 2 * GIB)
+    w.memory["a-1"] = w.memory["a-2"] = GIB + 100 * MIB
+    w.poll()
+    w.tick()
+    pool = w.core.pool
+    assert all(pool.workers[x].reason is Reason.MAX_MEMORY for x in ("a-1", "a-2"))
+    assert len(ready_ids(w)) == 1
+    (serving,) = ready_ids(w)
+    assert sorted(spawned(w)) == ["a-3", "a-4"]  # room for both beside it
+    w.poll()  # still over: it serves on, no early drain
+    assert ready_ids(w) == [serving]
+    w.memory["a-3"] = WARM
+    w.ready("a-3")
+    w.poll()
+    assert ready_ids(w) == ["a-3"]  # no longer the last ready: over max_memory, it goes
+    assert pool.workers[serving].state is not State.READY
+
+
+def test_tight_container_a_soft_limit_waits_for_room_and_never_empties_the_model() -> None:
+    """No room beside them: one drains first, the other serves on; its replacement waits
+    for room (make_room does not drain the last ready worker), and it goes once one is
+    ready."""
+    w = world(3 * GIB, 2 * GIB)
+    w.memory["a-1"] = w.memory["a-2"] = GIB + 100 * MIB
+    w.poll()
+    w.tick()
+    (serving,) = ready_ids(w)
+    gone = "a-2" if serving == "a-1" else "a-1"
+    assert spawned(w) == []  # no room beside it
+    w.tick(1.0)
+    w.exit(gone, 0)
+    container(w, 3 * GIB, GIB + 200 * MIB)  # what the gone worker held is freed
+    w.tick()
+    (first,) = spawned(w)
+    for _ in range(3):  # no room for the second replacement: it waits, and so does serving
+        w.tick(1.0)
+        w.poll()
+        assert ready_ids(w) == [serving]
+        assert held_back(w.core.pool, w.core.pool.workers[serving]) == (Reason.MAX_MEMORY,
+                                                                        Hold.NO_ROOM)
+    report = Controller(w.core, lambda answer: None, lambda: True, lambda: True).status(w.now)
+    assert "serving on: the model's last ready worker, its replacement (max_memory) waits " \
+        "for room in the container's memory" in render_status(report)
+    w.memory[first] = WARM
+    w.ready(first)
+    w.poll()
+    assert ready_ids(w) == [first]  # now the over-limit worker goes
+    assert w.core.pool.workers[serving].state is not State.READY
+
+
+def test_kill_memory_may_still_take_the_last_ready_worker() -> None:
+    w = world(8 * GIB, 2 * GIB)
+    w.memory["a-1"] = w.memory["a-2"] = 2 * GIB
+    w.poll()
+    assert {("a-1", Reason.KILL_MEMORY), ("a-2", Reason.KILL_MEMORY)} <= set(w.killed)
+
+
+def test_the_room_a_replacement_needs_is_its_private_memory(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A warm worker's reading counts the libraries' pages it shares with the others, which
+    a replacement does not add to the container again: with a private reading, the room
+    needed is the warm size less the shared pages, and the event says so (a 900 MiB RSS
+    with 600 MiB shared fits where 900 MiB did not)."""
+    w = world(3 * GIB, 2 * GIB)  # 2 GiB + 900 MiB + the buffer (154 MiB) > 3 GiB
+    w.core.next_poll = 0.0
+    targets = w.core.poll_due(w.now) or []
+    w.core.samples(w.now, {x: Reading(WARM, private=300 * MIB) for x, _, _ in targets})
+    w.run()
+    room = w.core.recycler.room("a")
+    assert room.fits and room.needed == 300 * MIB and room.estimate == PRIVATE
+    w.core.recycle("a", "a-1")
+    w.core.samples(w.now, {x: Reading(WARM, private=300 * MIB) for x, _, _ in targets})
+    w.run()
+    w.tick()
+    assert spawned(w) == ["a-3"]  # replacement first: it fits
+    assert w.core.pool.workers["a-1"].state is State.READY
+    out = capsys.readouterr().out
+    assert "replacement_estimate=private" in out and "replacement_first=True" in out
+    assert "a worker's private memory 300MiB" in out
+
+
+def test_without_a_private_reading_the_estimate_is_a_warm_worker() -> None:
+    w = world(3 * GIB, 2 * GIB)
+    room = w.core.recycler.room("a")
+    assert not room.fits and room.needed == WARM and room.estimate == "warm_size"

@@ -23,6 +23,7 @@ import pytest
 from bench.cgroups import memory_cgroup, oom_kills, read, unusable, wrapper
 from supervisor.client import JobError
 from supervisor.testing import Supervisor, start_supervisor
+from tests.test_recycling import Load, MemoryWatch
 
 MIB = 1024**2
 pytestmark = pytest.mark.skipif(unusable() is not None, reason=str(unusable()))
@@ -147,3 +148,35 @@ def test_a_kernel_oom_kill_is_named_and_its_job_answered(started: list[Superviso
         assert sup.process.poll() is None  # the kernel picked the worker, not the supervisor
         sup.wait_for(lambda s: len([w for w in s["models"]["m"]["workers"]
                                     if w["state"] == "ready"]) == 1, 60, "a replacement")
+
+
+def test_a_model_always_has_a_ready_worker_through_recycles_in_a_tight_container(
+        started: list[Supervisor]) -> None:
+    """Two workers holding 200 MiB each reach max_jobs within seconds of each other, in a
+    limit with no room for a replacement beside them: every recycle drains first, and the
+    second waits until the first one's replacement is *ready* (it used to begin once the old
+    worker had exited, while the replacement, 2 s to load, was still starting: the model had
+    no ready worker for seconds)."""
+    # Two workers and the daemon (~490 MiB) fit with room to spare (the kill buffer is 32 MiB);
+    # a third beside them (~230 MiB) does not.
+    ballast = 200 * MIB
+    limit = 640 * MIB
+    with memory_cgroup(limit) as cgroup:
+        sup = start(started, cgroup, {
+            "supervisor": {"poll_interval": "0.1s"},
+            "models": {"m": {"handler": "tests.live_handlers:ballast", "workers": 2,
+                             "options": {"ballast_bytes": ballast, "delay": 0.005,
+                                         "startup_seconds": 2.0},
+                             "policy": {"max_jobs": 150, "jitter": 0.0,
+                                        "warmup_jobs": 0, "warmup_seconds": 0}}}})
+        with MemoryWatch(sup, "m") as watch, Load(sup, ["m"], threads=2) as load:
+            sup.wait_for(lambda s: s["models"]["m"]["recycles"].get("max_jobs", 0) >= 6,
+                         240, "six max_jobs recycles")
+        print(f"longest with no ready worker: {watch.longest_dark:.2f}s "
+              f"({watch.dark_polls} of {watch.polls} status polls saw none)")
+        assert load.failures == [], load.failures[:5]
+        assert drained_first(sup), "the limit was meant to leave no room beside a worker"
+        assert watch.polls > 100
+        assert watch.dark_polls == 0 and watch.longest_dark == 0.0, \
+            f"no ready worker for {watch.longest_dark:.2f}s: {watch.dark_seen}"
+        assert oom_kills(cgroup) == 0

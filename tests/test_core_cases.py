@@ -272,17 +272,26 @@ def test_queue_bounds_count_bytes_and_whole_messages() -> None:
 
 
 def test_max_memory_holds_even_when_recycles_come_fast() -> None:
+    """max_memory is soft: the model's only ready worker serves on over it until its
+    replacement is ready (the model never goes dark for it), then goes at once; recycles
+    that come fast are alarmed, never paused."""
     world = World(BASE.replace("max_attempts: 2", "max_attempts: 2, max_memory: 1000, "
                                "min_lifetime: 600s"))
+    world.tick(2.0)
+    world.ready("a-1")
     for n in range(1, 5):
-        worker = f"a-{n}"
-        world.tick(2.0)
-        world.ready(worker)
-        world.memory[worker] = 5000  # grows past the limit soon after start
+        old, new = f"a-{n}", f"a-{n + 1}"
+        world.memory[old] = 5000  # grows past the limit soon after start
         world.poll()
-        assert world.state(worker) is not State.READY, f"{worker} kept serving"
         world.tick()
-        world.exit(worker, 0)
+        assert world.core.pool.workers[old].reason is Reason.MAX_MEMORY
+        assert world.state(old) is State.READY, f"{old} left the model with none ready"
+        assert world.state(new) is State.STARTING  # its replacement, beside it
+        world.tick(2.0)
+        world.ready(new)
+        assert world.state(old) is not State.READY, f"{old} kept serving once replaced"
+        world.tick()
+        world.exit(old, 0)
     assert world.core.pool.models["a"].recycles["max_memory"] == 4
     assert world.core.pool.models["a"].churn >= 2  # alarmed, never paused
 

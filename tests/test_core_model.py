@@ -345,8 +345,37 @@ class CoreMachine(RuleBasedStateMachine):
                 f"{MAX_ATTEMPTS[job.model]})"
 
     def event(self, step: Any, *args: Any) -> None:
+        pool = self.core.pool
+        before = {name: [w.id for w in pool.ready(name)] for name in pool.models}
         step(*args)
         self.perform()
+        self.check_last_ready(before)
+
+    def check_last_ready(self, before: dict[str, list[str]]) -> None:
+        """A model that had a ready worker never loses its last one to a planned recycle (a
+        soft limit, a lifetime limit, an operator's, a reload's) before its replacement is
+        ready: only a hard limit (a kill, the container's memory pressure), a death, the
+        model's removal, a shutdown, ``surge: false`` or a fresh worker that cannot serve
+        within its limit at all (the model is unavailable) may leave it with none."""
+        pool, budget = self.core.pool, self.core.budget
+        if self.core.shutdown_started is not None:
+            return
+        floor, headroom = budget.pressure_floor(None), budget.headroom()
+        if floor is not None and headroom is not None and headroom < floor:
+            return  # the container's hard line
+        for name, ids in before.items():
+            state = pool.models.get(name)
+            if not ids or state is None or pool.ready(name) or state.removed or \
+                    not state.config.policy.surge or state.unavailable:
+                continue
+            for worker_id in ids:
+                worker = pool.workers.get(worker_id)
+                if worker is None or worker.killed:
+                    continue  # it died, or a hard limit took it
+                assert worker.reason is None or not worker.reason.planned, \
+                    f"{name} left with no ready worker by {worker_id}'s planned recycle " \
+                    f"({worker.reason}, now {worker.state}): " \
+                    f"{[(w.id, w.state, w.reason) for w in pool.of_model(name)]}"
 
     def send_request(self, frames: list[Any]) -> None:
         key = b"client-%d" % self.next_client
@@ -545,6 +574,14 @@ class CoreMachine(RuleBasedStateMachine):
             data.draw(st.sampled_from(candidates)).memory = memory
         self.poll()
 
+    @rule(model=st.sampled_from(["a", "b"]), memory=st.sampled_from([MAX_MEMORY,
+                                                                     MAX_MEMORY + 500]))
+    def workers_leak_together(self, model: str, memory: int) -> None:
+        """Every worker of a model crosses max_memory in the same poll (a leak they share)."""
+        for sim in self.workers(lambda w: w.id.startswith(model + "-")):
+            sim.memory = memory
+        self.poll()
+
     @rule(data=st.data(), memory=st.sampled_from([MAX_MEMORY, KILL_MEMORY]))
     def busy_worker_over_a_limit(self, data: st.DataObject, memory: int) -> None:
         candidates = self.workers(lambda w: bool(w.batches) and not w.killed)
@@ -566,8 +603,13 @@ class CoreMachine(RuleBasedStateMachine):
                 continue
             max_memory = self.core.pool.models[worker.model].config.policy.max_memory
             kill_memory = self.core.pool.models[worker.model].config.policy.kill_memory
-            if max_memory is not None and last.memory >= max_memory:
-                assert worker.state is not State.READY, \
+            policy = self.core.pool.models[worker.model].config.policy
+            if max_memory is not None and last.memory >= max_memory and \
+                    worker.state is State.READY:
+                # max_memory is soft: only the model's last ready worker serves on over it,
+                # on its way out, until its replacement is ready (not with surge: false)
+                others = [w for w in self.core.pool.ready(worker.model) if w is not worker]
+                assert worker.leaving and not others and policy.surge, \
                     f"{worker.id} at {last.memory} over max_memory {max_memory} in rotation"
             if kill_memory is not None and last.memory >= kill_memory and \
                     worker.state is not State.STARTING:

@@ -305,12 +305,20 @@ def test_a_worker_whose_replacement_cannot_start_is_held_back_by_backoff() -> No
     assert "fails to start, retried with back-off" in render_status(status(w))
 
 
-def test_a_worker_over_max_memory_says_so_while_it_drains() -> None:
+def test_a_worker_over_max_memory_says_so_while_it_serves_on_and_drains() -> None:
     w = world(workers=1)
     w.request(valid("a", 1))  # held by a-1: it drains instead of stopping at once
     w.now += 1
     w.memory["a-1"] = 1500
     w.poll()
+    # The model's last ready worker serves on over max_memory (a soft limit) until its
+    # replacement is ready, and says so ...
+    [worker] = [x for x in status(w)["models"]["a"]["workers"] if x["id"] == "a-1"]
+    assert worker["state"] == "ready" and worker["over_limits"] == ["max_memory"]
+    assert worker["recycle_reason"] == "max_memory"
+    w.tick()
+    w.ready("a-2")
+    w.poll()  # ... then drains, and still says so
     report = status(w)
     [worker] = [x for x in report["models"]["a"]["workers"] if x["id"] == "a-1"]
     assert worker["state"] == "draining" and worker["over_limits"] == ["max_memory"]

@@ -5,9 +5,11 @@ Spawner), and the tree finder on process trees this test starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +18,13 @@ from typing import Any
 import numpy as np
 import psutil
 
+from supervisor.client.testing import start_supervisor
+from supervisor.config.worker_spec import INSTANCE_VAR
+from supervisor.daemon import leftovers
 from supervisor.daemon.sampling import read_memory, read_memory_of
 from supervisor.daemon.tree import Proc, Trees, kill, read_proc
 from tests.conftest import Supervisor
+from tests.live_handlers import SESSION_CHILD
 
 CHILD_BYTES = 200 * 1024**2
 
@@ -187,3 +193,44 @@ def test_a_descendant_seen_in_the_tree_that_escapes_without_its_mark_is_killed(
     Path(f"{pids}.release").touch()  # its parent exits: an orphan outside the group
     wait_until(lambda: gone(bare), "the unmarked escaped child killed and reaped")
     assert '"descendant_escaped"' in sup.log()
+
+
+def test_a_killed_supervisors_leftovers_are_reaped_by_the_next_one_on_its_runtime_dir(
+        supervisor_factory: Any, tmp_path: Path) -> None:
+    """``kill -9`` of the daemon outside systemd: its worker dies with it, but the worker's
+    child in a session of its own lives on. The next daemon on the same runtime dir kills
+    it, known by the mark the first one set (checked with its start time), and says so; a
+    look-alike without the mark, or with another runtime dir's, is left alone."""
+    pids, others = tmp_path / "pids", tmp_path / "others"
+    config = spawner_config(pids)
+    first = supervisor_factory(config)
+    (worker,) = first.workers("sp")
+    session = spawn_child(first, pids, 4.0, "session")
+    record = json.loads((first.runtime_dir / leftovers.RECORD).read_text())
+    lookalikes = [subprocess.Popen([sys.executable, "-c", SESSION_CHILD, str(others)],
+                                   start_new_session=True, env=env)
+                  for env in ({k: v for k, v in os.environ.items() if k != INSTANCE_VAR},
+                              {**os.environ, INSTANCE_VAR: f"{record['id']}@/elsewhere"})]
+    try:
+        wait_until(lambda: len(pids_in(others, "session")) == 2, "the look-alikes")
+        first.process.kill()  # kill -9: no shutdown, nothing taken down
+        first.process.wait()
+        wait_until(lambda: not running(worker["pid"]), "the worker dead with its supervisor")
+        assert running(session)  # left behind
+        second = start_supervisor(config, workdir=first.config_path.parent)
+        try:
+            second.wait_ready()
+            wait_until(lambda: not running(session), "the leftover reaped")
+            reaped = [json.loads(line) for line in second.log().splitlines()
+                      if '"leftovers_reaped"' in line]
+            assert len(reaped) == 1 and session in reaped[0]["pids"], reaped
+            assert reaped[0]["previous_instance"] == record["id"]
+            assert all(p.poll() is None for p in lookalikes)  # not ours: left alone
+            assert second.stop() == 0
+            assert not (second.runtime_dir / leftovers.RECORD).exists()  # a clean stop
+        finally:
+            second.stop()
+    finally:
+        for process in lookalikes:
+            process.kill()
+            process.wait()

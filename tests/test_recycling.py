@@ -62,13 +62,19 @@ class Load:
 
 
 class MemoryWatch(threading.Thread):
-    """Samples every worker's RSS from outside, far more often than the supervisor polls."""
+    """Samples every worker's RSS from outside, far more often than the supervisor polls,
+    and the ready workers ``status`` shows: the fewest, and the longest time it showed none
+    (from the first poll that saw none to the first that saw one again)."""
 
     def __init__(self, sup: Supervisor, model: str) -> None:
         super().__init__(daemon=True)
         self.sup, self.model = sup, model
         self.peak: dict[int, int] = {}
         self.min_ready: int | None = None
+        self.polls = self.dark_polls = 0
+        self.longest_dark = 0.0
+        self.dark_since: float | None = None
+        self.dark_seen: list[list[tuple[str, str, str | None]]] = []  # what status showed
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -79,6 +85,10 @@ class MemoryWatch(threading.Thread):
                 continue
             ready = sum(w["state"] == "ready" for w in workers)
             self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
+            self._dark(ready == 0)
+            if ready == 0 and len(self.dark_seen) < 3:
+                self.dark_seen.append([(w["id"], w["state"], w.get("recycle_reason"))
+                                       for w in workers])
             for w in workers:
                 try:
                     rss = psutil.Process(w["pid"]).memory_info().rss
@@ -87,6 +97,16 @@ class MemoryWatch(threading.Thread):
                 self.peak[w["pid"]] = max(self.peak.get(w["pid"], 0), rss)
             time.sleep(0.02)
 
+    def _dark(self, dark: bool) -> None:
+        now = time.monotonic()
+        self.polls += 1
+        if dark:
+            self.dark_polls += 1
+            self.dark_since = now if self.dark_since is None else self.dark_since
+        elif self.dark_since is not None:
+            self.longest_dark = max(self.longest_dark, now - self.dark_since)
+            self.dark_since = None
+
     def __enter__(self) -> MemoryWatch:
         self.start()
         return self
@@ -94,6 +114,8 @@ class MemoryWatch(threading.Thread):
     def __exit__(self, *exc: object) -> None:
         self.halt.set()
         self.join(5)
+        if self.dark_since is not None:
+            self.longest_dark = max(self.longest_dark, time.monotonic() - self.dark_since)
 
 
 LEAK_PER_JOB = 256 * 1024
@@ -104,6 +126,10 @@ MAX_MEMORY = 120 * MB  # a fresh handler worker uses about 50 MB
 # worker) reaches it, even when a busy machine delays the polls.
 TREND_BACKSTOP = 320 * MB
 POLL = 0.2
+# max_memory is a soft limit: the model's last ready worker serves on over it until its
+# replacement is ready (both workers here leak alike, so cross it together). kill_memory is
+# the hard bound meanwhile: a few seconds of growth above max_memory.
+KILL_MEMORY = MAX_MEMORY + 100 * MB
 
 
 def limit(trend: bool) -> int:
@@ -114,6 +140,7 @@ def leaky_config(trend: bool = True) -> dict[str, Any]:
     policy = {"warmup_jobs": 20, "warmup_seconds": "0.5s", "trend_window": 20,
               "trend_confirmations": 2, "max_growth_per_1k_jobs": "50MiB" if trend else None,
               "max_growth_per_hour": None, "max_memory": limit(trend), "min_lifetime": "1s",
+              "kill_memory": None if trend else KILL_MEMORY,
               "drain_timeout": "10s",
               # The trend acts once confirmed, not when max_memory nears (trend_lead): the
               # lead's own timing is tested on the core (test_core_cases.py).
@@ -140,12 +167,15 @@ def test_leaky_pool_is_recycled_and_steady_pool_left_alone(supervisor_factory: A
     assert load.ok > 500
     assert steady["recycles"] == {}, steady["recycles"]
     # With a trend limit the leak is caught early (the soft limit is a backstop); without
-    # one, max_memory recycles it, and no worker is ever seen above it by more than one
-    # poll's growth (two jobs' worth of slack for the ones in hand).
+    # one, max_memory recycles it, and no worker is ever seen above the hard bound (the
+    # backstop, else kill_memory: the last ready worker serves on over max_memory until its
+    # replacement is ready) by more than one poll's growth (two jobs' worth of slack for the
+    # ones in hand).
     reason = "growth_per_1k_jobs" if trend else "max_memory"
     assert leaky["recycles"].get(reason, 0) >= 3, leaky["recycles"]
     growth_per_poll = (1 / JOB_DELAY) * POLL * LEAK_PER_JOB + 2 * LEAK_PER_JOB
-    assert max(watch.peak.values()) <= limit(trend) + growth_per_poll, watch.peak
+    bound = limit(trend) if trend else KILL_MEMORY
+    assert max(watch.peak.values()) <= bound + growth_per_poll, watch.peak
     if not trend:
         assert max(watch.peak.values()) > MAX_MEMORY - 20 * MB  # the bound was tested
     log = sup.log()
@@ -174,25 +204,30 @@ def test_without_surge_the_old_worker_drains_first(supervisor_factory: Any) -> N
     assert watch.min_ready == 0
 
 
-def test_a_worker_being_replaced_stops_serving_once_over_max_memory(
+def test_the_last_ready_worker_serves_on_over_max_memory_bounded_by_kill_memory(
         supervisor_factory: Any) -> None:
     # A lifetime recycle lets the old worker serve on while its replacement loads (5 s).
-    # Leaking 1 MiB a job, it crosses max_memory long before that and must stop at once:
-    # without the early drain it would reach several hundred MB.
+    # Leaking 1 MiB a job, it crosses max_memory long before that: max_memory is soft, and
+    # the model's only ready worker serves on (the model never goes dark for a soft limit);
+    # kill_memory is the hard bound that then takes it, at once.
     leak = 1 * MB
+    kill = MAX_MEMORY + 60 * MB
     sup = supervisor_factory({"supervisor": {"poll_interval": f"{POLL}s"}, "models": {"m": {
         "handler": "worker.handlers:leak", "workers": 1, "batching": {"max_batch_size": 1},
         "options": {"bytes_per_job": leak, "delay": JOB_DELAY, "startup_seconds": 5.0},
         "policy": {"max_jobs": 20, "jitter": 0.0, "max_memory": MAX_MEMORY,
-                   "max_growth_per_1k_jobs": None, "max_growth_per_hour": None,
-                   "drain_timeout": "10s"}}}})
+                   "kill_memory": kill, "max_growth_per_1k_jobs": None,
+                   "max_growth_per_hour": None, "drain_timeout": "10s"}}}})
     with MemoryWatch(sup, "m") as watch, Load(sup, ["m"], threads=3) as load:
-        sup.wait_for(lambda _: '"event": "worker_draining_early"' in sup.log(), 60,
-                     "an early drain")
-        time.sleep(1.0)
-    assert load.failures == []  # jobs waited in the queue while no worker was ready
+        # (a kill ends a recycle already counted as max_jobs: no new count, but the event)
+        sup.wait_for(lambda _: '"event": "worker_killed"' in sup.log(), 60,
+                     "the hard limit's kill")
+    assert '"kill_memory"' in sup.log()
+    assert load.failures == []  # the killed worker's jobs ran again on its replacement
+    assert '"event": "worker_draining_early"' not in sup.log()  # max_memory drained nobody
     growth_per_poll = (1 / JOB_DELAY) * POLL * leak + 2 * leak
-    assert max(watch.peak.values()) <= MAX_MEMORY + growth_per_poll, watch.peak
+    assert max(watch.peak.values()) <= kill + growth_per_poll, watch.peak
+    assert max(watch.peak.values()) > MAX_MEMORY + growth_per_poll  # served on over it
 
 
 def test_kill_memory_kills_at_once_and_loses_nothing(supervisor_factory: Any) -> None:

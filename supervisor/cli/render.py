@@ -91,6 +91,9 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
     if held and held["why"] == Hold.BACKOFF:
         parts.append(f"serving on: its replacement ({held['reason']}) fails to start, "
                      "retried with back-off")
+    elif held and held["why"] == Hold.NO_ROOM:
+        parts.append(f"serving on: the model's last ready worker, its replacement "
+                     f"({held['reason']}) waits for room in the container's memory")
     elif held:
         parts.append(f"recycle ({held['reason']}) held back: max_concurrent_recycles "
                      "already under way")

@@ -124,7 +124,9 @@ class PolicyConfig:
         "lost this many times is answered 'worker_crashed'.")
     max_concurrent_recycles: int = setting(
         Int(1), 1, "Graceful recycles (trend, lifetime, manual, reload) of this model under "
-        "way at once; a crossed max_memory, max_vram or kill_memory acts at once.")
+        "way at once, each until its replacement is ready; a crossed max_memory, max_vram or "
+        "kill_memory acts at once (a soft limit never takes the model's last ready worker "
+        "before its replacement is ready).")
     surge: bool = setting(
         Bool(), True, "Start the replacement and wait for it to be ready before draining.")
     min_lifetime: float = setting(

@@ -33,6 +33,10 @@ from supervisor.shared.padding import PadDim, from_config
 ENV_VAR = "TFSUPERVISOR_WORKER"
 # Set by the worker for its own child processes in place of ENV_VAR: "SUPERVISOR_PID/WORKER_ID".
 TREE_VAR = "TFSUPERVISOR_TREE"
+# Set by the supervisor for everything it starts, inherited by their descendants:
+# "INSTANCE_ID@RUNTIME_DIR", so the next daemon on that runtime dir can reap what a killed one
+# left (supervisor/daemon/leftovers.py).
+INSTANCE_VAR = "TFSUPERVISOR_INSTANCE"
 
 
 def tree_mark(supervisor_pid: int, worker_id: str) -> str:

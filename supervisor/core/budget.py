@@ -107,6 +107,14 @@ class OomCounter:
         return 0 if self.seen is None or self.base is None else self.seen - self.base
 
 
+# How the room a replacement needs was estimated (Room.estimate, the events' field
+# ``replacement_estimate``): what a worker adds to the container, a warm worker's reading
+# less the pages it shares with the others (its libraries and files, charged to the
+# container once), once a private reading is known; else a warm worker's whole reading.
+PRIVATE = "private"
+WARM = "warm_size"
+
+
 @dataclass(frozen=True)
 class Room:
     """Why one more process does or does not fit; the figures go into the recycle event."""
@@ -115,23 +123,25 @@ class Room:
     limit: int | None = None
     working_set: int | None = None
     loading: int = 0  # what the workers still starting will grow to, beyond their reading
-    needed: int = 0  # the new process's expected warm size
+    needed: int = 0  # what the new process is expected to add to the container
     buffer: int = 0
+    estimate: str = WARM  # how ``needed`` was estimated: PRIVATE or WARM
 
-    def fields(self) -> dict[str, int | None]:
+    def fields(self) -> dict[str, int | str | None]:
         if self.limit is None:
             return {}
         return {"budget_limit": self.limit, "working_set": self.working_set,
                 "loading": self.loading, "replacement_size": self.needed,
-                "kill_buffer": self.buffer}
+                "replacement_estimate": self.estimate, "kill_buffer": self.buffer}
 
     def __str__(self) -> str:
         if self.limit is None:
             return "no memory limit"
         total = (self.working_set or 0) + self.loading + self.needed + self.buffer
         verb = "fits under" if self.fits else "exceeds"
+        what = "a worker's private memory" if self.estimate == PRIVATE else "a warm worker"
         return (f"working set {_mib(self.working_set or 0)} + loading {_mib(self.loading)} + "
-                f"a warm worker {_mib(self.needed)} + kill buffer {_mib(self.buffer)} = "
+                f"{what} {_mib(self.needed)} + kill buffer {_mib(self.buffer)} = "
                 f"{_mib(total)} {verb} the limit {_mib(self.limit)}")
 
 
@@ -189,8 +199,9 @@ class Budget:
             return floor
         return self.buffer(None) if self.limit is not None else None
 
-    def room(self, needed: int, loading: int, floor: int | None) -> Room:
-        """Whether a process expected to reach ``needed`` bytes fits, with ``loading`` bytes
+    def room(self, needed: int, loading: int, floor: int | None,
+             estimate: str = WARM) -> Room:
+        """Whether a process expected to add ``needed`` bytes fits, with ``loading`` bytes
         still to come from workers that are starting."""
         limit = self.limit
         if self.cgroup is None or limit is None:
@@ -198,7 +209,7 @@ class Budget:
         buffer = self.buffer(floor)
         working = self.cgroup.working_set
         return Room(working + loading + needed + buffer <= limit, limit, working, loading,
-                    needed, buffer)
+                    needed, buffer, estimate)
 
     def snapshot(self, floor: int | None) -> dict[str, object] | None:
         """What status shows (None outside any cgroup limit)."""
@@ -235,18 +246,37 @@ def warm_size(workers: Iterable[WorkerHandle], policy: PolicyConfig) -> int:
     return max(readings, default=0)
 
 
+def replacement_size(workers: Iterable[WorkerHandle], policy: PolicyConfig) -> tuple[int, str]:
+    """What one more worker of a model adds to the container, and how that was estimated.
+    A warm worker's reading (``warm_size``) counts the pages it shares with the others
+    (TensorFlow's libraries, the model's files: in the page cache, charged to the container
+    once), which a replacement does not add again: once a ready worker has a private reading
+    (its anonymous resident memory), the estimate is the warm size less the least any ready
+    worker was measured to share (PRIVATE); before, the warm size itself (WARM)."""
+    workers = list(workers)
+    warm = warm_size(workers, policy)
+    shared = [w.shared for w in workers if w.state is State.READY and w.shared is not None]
+    if not shared:
+        return warm, WARM
+    return max(0, warm - min(shared)), PRIVATE
+
+
 def still_loading(pool: Pool) -> int:
-    """What the workers that are starting will still grow by (each up to its model's warm
-    size): counted against the room, so two replacements spawned a poll apart do not both
-    count on the same free memory."""
+    """What the workers that are starting will still grow by (each up to what its model's
+    replacement is expected to add): counted against the room, so two replacements spawned
+    a poll apart do not both count on the same free memory."""
     total = 0
     for worker in pool.workers.values():
         if worker.state is not State.STARTING:
             continue
         state = pool.models[worker.model]
-        size = warm_size(pool.of_model(worker.model), state.config.policy)
+        size, estimate = replacement_size(pool.of_model(worker.model), state.config.policy)
         latest = worker.history.last()
-        total += max(0, size - (latest.memory if latest is not None else 0))
+        if estimate == PRIVATE and worker.private is not None:
+            grown = worker.private
+        else:
+            grown = latest.memory if latest is not None else 0
+        total += max(0, size - grown)
     return total
 
 

@@ -370,6 +370,9 @@ class Core:
             if worker is not None:
                 worker.history.add(Sample(now, worker.jobs, reading.memory, reading.vram,
                                           worker.probes, reading.children))
+                if reading.private is not None:
+                    worker.private = reading.private
+                    worker.shared = max(0, reading.memory - reading.private)
                 sampled.append(worker)
         self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
         if poll:

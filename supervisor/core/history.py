@@ -74,3 +74,6 @@ class Reading:
     memory: int
     vram: int | None = None
     children: int | None = None  # of ``memory``, the worker's child processes' share
+    # Its private memory (anonymous resident pages: what it adds to the container, the
+    # shared libraries' and files' pages being charged once), None when not read.
+    private: int | None = None

@@ -84,6 +84,14 @@ class WorkerHandle:
     # A recycle the policy wants at its last judgement that waits for a free recycle slot
     # (max_concurrent_recycles); None once it starts or is no longer wanted.
     held_back: Reason | None = None
+    # Its private memory at the latest reading that had one, and how much of that reading
+    # was not private (shared libraries and files, charged to the container once): what a
+    # replacement adds to the container is a warm worker less that (budget.replacement_size).
+    private: int | None = None
+    shared: int | None = None
+    # The model's last ready worker, serving on for a planned recycle while its replacement
+    # waits for room in the container (Recycler.make_room, at every tick).
+    waits_for_room: bool = False
     pad_dims: tuple[PadDim, ...] = ()  # the padding it was started with (its spec's)
     generation: int = 0  # its model's settings generation when it was started
     code: str | None = None  # its model's code fingerprint then (config/fingerprint.py)

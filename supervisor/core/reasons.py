@@ -60,6 +60,13 @@ class Reason(StrEnum):
         return self in (Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.KILL_MEMORY)
 
     @property
+    def planned(self) -> bool:
+        """A soft reason, planned rather than forced: it never takes a model's last ready
+        worker out of rotation before its replacement is ready (only a hard limit,
+        ``kill_memory`` or the container's memory, may leave a model with none)."""
+        return self in _PLANNED
+
+    @property
     def suspects_jobs(self) -> bool:
         """The worker was lost in a way one of its jobs may have caused (it died, hung, spoke
         garbage or blew kill_memory while running them): each of them runs alone from then
@@ -89,6 +96,9 @@ class Reason(StrEnum):
 _MEMORY = frozenset({Reason.KILL_MEMORY, Reason.MAX_MEMORY, Reason.MAX_VRAM,
                      Reason.GROWTH_PER_1K_JOBS, Reason.GROWTH_PER_HOUR,
                      Reason.VRAM_GROWTH_PER_1K_JOBS})
+_PLANNED = frozenset({Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.GROWTH_PER_1K_JOBS,
+                      Reason.GROWTH_PER_HOUR, Reason.VRAM_GROWTH_PER_1K_JOBS, Reason.MAX_JOBS,
+                      Reason.MAX_AGE, Reason.MANUAL, Reason.RELOAD, Reason.SCALE_DOWN})
 _URGENCY = [Reason.KILL_MEMORY, Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.HOST_PRESSURE,
             Reason.GROWTH_PER_1K_JOBS, Reason.GROWTH_PER_HOUR, Reason.VRAM_GROWTH_PER_1K_JOBS,
             Reason.MANUAL, Reason.RELOAD, Reason.MAX_JOBS, Reason.MAX_AGE]
@@ -157,4 +167,7 @@ class Hold(StrEnum):
     MAX_CONCURRENT_RECYCLES = "max_concurrent_recycles"
     # The worker serves on because its replacement failed to start; the model backs off.
     BACKOFF = "backoff"
+    # The model's last ready worker serves on until its replacement is ready, and the
+    # replacement waits for room in the container's memory beside it.
+    NO_ROOM = "no_room"
 

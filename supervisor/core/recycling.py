@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.core.budget import Budget, Room, still_loading, warm_size
+from supervisor.core.budget import Budget, Room, replacement_size, still_loading
 from supervisor.core.diagnosis import Diagnosis, diagnose
 from supervisor.core.lifecycle import Lifecycle
 from supervisor.core.policy import Ruling, Verdict, evaluate, pressure_victim
@@ -53,6 +53,8 @@ def held_back(pool: Pool, worker: WorkerHandle) -> tuple[Reason, Hold] | None:
         state = pool.models.get(worker.model)
         if state is not None and state.failures and worker.reason is not None:
             return worker.reason, Hold.BACKOFF
+        if worker.reason is not None and worker.waits_for_room:
+            return worker.reason, Hold.NO_ROOM
         return None
     if worker.held_back is not None:
         return worker.held_back, Hold.MAX_CONCURRENT_RECYCLES
@@ -155,16 +157,18 @@ class Recycler:
             # killed, so it stops growing now and never overlaps its back-off replacement.
             self.kill(worker, verdict, now)
         else:
-            self.start(worker, reason, verdict, now)
+            # Not held as the model's last ready worker: none of its replacements can serve
+            # within the limit either (the model reports itself unavailable instead).
+            self.start(worker, reason, verdict, now, hold_last=False)
 
     # --- the container's memory budget (budget.py) ----------------------------------------
 
     def room(self, model: str) -> Room:
         """Whether one more warm worker of this model fits the container's memory now."""
         policy = self.pool.models[model].config.policy
-        return self.budget.room(warm_size(self.pool.of_model(model), policy),
-                                still_loading(self.pool),
-                                self.pool.config.supervisor.min_available_memory)
+        size, estimate = replacement_size(self.pool.of_model(model), policy)
+        return self.budget.room(size, still_loading(self.pool),
+                                self.pool.config.supervisor.min_available_memory, estimate)
 
     def fits(self, model: str) -> bool:
         return self.room(model).fits
@@ -178,6 +182,8 @@ class Recycler:
         """A worker serving on until its replacement is ready whose replacement does not fit
         (the budget shrank, or the room went to another model): it drains and stops first,
         one worker of a model at a time, and the replacement follows it (Pool.replenish)."""
+        for worker in self.pool.workers.values():
+            worker.waits_for_room = False  # found afresh below
         if not self.pool.spawning:
             return
         for state in self.pool.models.values():
@@ -196,6 +202,16 @@ class Recycler:
             room = self.room(model)
             if room.fits:
                 continue
+            # A planned recycle never takes the model's last ready worker before its
+            # replacement is ready: it serves on, and the replacement waits for room (memory
+            # pressure, the container's hard line, may still drain it: memory_pressure).
+            last = [w for w in waiting if (w.reason or Reason.MANUAL).planned and
+                    self._last_ready(w)]
+            for worker in last:
+                worker.waits_for_room = True
+            waiting = [w for w in waiting if w not in last]
+            if not waiting:
+                continue
             worker = min(waiting, key=lambda w: w.started_at)
             reason = worker.reason or Reason.MANUAL
             log.warning("worker_draining_first", model=model, worker=worker.id, pid=worker.pid,
@@ -204,8 +220,21 @@ class Recycler:
             self.lifecycle.drain(worker, reason, now)
 
     def free_slots(self, state: ModelState) -> int:
-        busy = sum(1 for w in self.pool.of_model(state.name) if w.leaving)
-        return max(0, state.config.policy.max_concurrent_recycles - busy)
+        """Recycles that may begin now: ``max_concurrent_recycles`` less those under way. A
+        recycle is under way from its start until its old worker is gone *and* its
+        replacement is ready: each slot that holds a leaving worker, or has no ready worker
+        that stays, is one (counted by slot, so a surge replacement and the worker it
+        replaces are one recycle, and a replacement still loading after its old worker
+        exited still counts)."""
+        busy = {w.slot for w in self.pool.of_model(state.name) if w.leaving}
+        serving = {w.slot for w in self.pool.current(state.name) if w.state is State.READY}
+        busy.update(slot for slot in range(state.config.workers) if slot not in serving)
+        return max(0, state.config.policy.max_concurrent_recycles - len(busy))
+
+    def _last_ready(self, worker: WorkerHandle) -> bool:
+        """No other worker of its model is ready: taking it out of rotation now would leave
+        the model with none serving."""
+        return not any(w is not worker for w in self.pool.ready(worker.model))
 
     def memory_pressure(self, now: float) -> None:
         """Headroom (the host's available memory, or the container's under its limit,
@@ -235,8 +264,11 @@ class Recycler:
                 self.budget.limit is not None and
                 any(w.state in (State.DRAINING, State.STOPPING) for w in workers)):
             return  # memory is on its way to being freed
+        # The container's line is a hard one: a replacement still loading does not hold it
+        # back (only a worker already on its way out does).
         eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
-                    if not w.leaving and self.free_slots(state) > 0]
+                    if not w.leaving and state.config.policy.max_concurrent_recycles >
+                    sum(1 for x in self.pool.of_model(state.name) if x.leaving)]
         if self.budget.limit is not None:
             victim = self._grown_most(eligible, available, floor, now)
         else:
@@ -294,26 +326,39 @@ class Recycler:
 
     # --- acting --------------------------------------------------------------------------
 
-    def start(self, worker: WorkerHandle, reason: Reason, verdict: Verdict, now: float) -> None:
+    def start(self, worker: WorkerHandle, reason: Reason, verdict: Verdict, now: float,
+              hold_last: bool = True) -> None:
         state = self.pool.models[worker.model]
         first = not worker.leaving
         if first:
             self.pool.count_recycle(worker, reason, now, self._diagnosis(worker, reason))
             self._note_churn(worker, reason, now)
         self.requested.pop(worker.id, None)
-        surge = state.config.policy.surge and not reason.over_limit
+        # A planned recycle (a soft limit, a lifetime limit, an operator's) never takes the
+        # model's last ready worker before its replacement is ready: over max_memory or
+        # not, it serves on meanwhile (only kill_memory and the container's memory may leave
+        # a model with none ready). Unless the policy says ``surge: false``: the operator's
+        # word that a replacement never runs beside the worker it replaces (GPU memory,
+        # which the container's budget does not see).
+        last = hold_last and reason.planned and state.config.policy.surge and \
+            self._last_ready(worker) and self.pool.spawning
+        surge = (state.config.policy.surge and not reason.over_limit) or last
         room = self.room(worker.model) if surge else Room(True)
         # No room for a replacement beside it: it drains and stops first, then its
         # replacement starts (the model serves a worker short meanwhile). While another
         # worker of the model is already making room, it serves on and waits its turn
-        # (make_room): draining both would leave the model with nobody to serve.
-        surge = surge and (room.fits or self._making_room(worker.model))
+        # (make_room): draining both would leave the model with nobody to serve. The
+        # model's last ready worker serves on and its replacement waits for room.
+        surge = surge and (room.fits or self._making_room(worker.model) or last)
+        if not first and last:
+            return  # already serving on until its replacement is ready: nothing changes
         # Draining early leaves the model a worker short until the replacement is ready:
         # the policy's lead was too short for this leak (one that sped up, say).
         emit = log.info if first else log.warning
         emit("worker_recycling" if first else "worker_draining_early",
              **self.event(worker, reason, verdict, now), surge=surge,
              replacement_first=surge and room.fits,
+             **({"last_ready": True} if last else {}),
              **({"room": str(room), **room.fields()} if room.limit is not None else {}),
              recycling_for=None if first else str(worker.reason))
         if surge:

@@ -52,10 +52,11 @@ import zmq
 from supervisor.config import worker_spec
 from supervisor.config.keys import Config, CurveConfig, SupervisorSection
 from supervisor.config.settings import ConfigErrors
+from supervisor.config.worker_spec import INSTANCE_VAR
 from supervisor.core.actions import Action, Kill, Reply, SampleNow, SendBatch, Spawn, Stop
 from supervisor.core.budget import sizing_problem
 from supervisor.core.core import Core
-from supervisor.daemon import security, startup
+from supervisor.daemon import leftovers, security, startup
 from supervisor.daemon.cgroup import CgroupReader
 from supervisor.daemon.codewatch import CHECK, CodeWatch, fingerprints_within
 from supervisor.daemon.control import Controller
@@ -158,6 +159,7 @@ class Daemon:
         self.turn_started = 0.0  # when the poller last returned
         self.log_format = "auto"  # workers log the way the supervisor does
         self.instance = InstanceLock(Path(config.runtime_dir))
+        self.incarnation = leftovers.Instance.this(Path(config.runtime_dir))
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -173,6 +175,7 @@ class Daemon:
         with startup.step(f"runtime dir {runtime}", runtime_dir=True):
             security.prepare_runtime_dir(runtime, gid)
             self.instance.acquire()  # before any socket: never take over a live daemon's
+            self._reap_leftovers(runtime)
             private = Path(self.config.backend[len("ipc://"):]).parent
             private.mkdir(mode=0o700, exist_ok=True)
             os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
@@ -762,7 +765,21 @@ class Daemon:
         self.reporter.close()
         for path in self.bound:
             path.unlink(missing_ok=True)
+        if self.instance.held:  # every tree taken down: nothing left for a next start to reap
+            leftovers.remove_record(Path(self.config.runtime_dir), self.incarnation)
         self.instance.release()  # last: the sockets are gone, another daemon may start
+
+    def _reap_leftovers(self, runtime: Path) -> None:
+        """What a previous daemon on this runtime dir, killed outright, left running (its
+        workers' descendants in sessions of their own): reaped before anything starts, and
+        everything this one starts marked the same way (daemon/leftovers.py)."""
+        reaped = leftovers.reap(runtime, self.incarnation)
+        if reaped is not None:
+            log.warning("leftovers_reaped", **reaped,
+                        detail="processes a previous supervisor on this runtime dir left "
+                        "running when it was killed, known by the mark it set on them")
+        # Inherited by every worker and front, and by their descendants.
+        os.environ[INSTANCE_VAR] = self.incarnation.mark
 
     def _refuse_latecomers(self) -> None:
         """Requests that arrived while the last workers stopped are answered

@@ -41,6 +41,10 @@ class InstanceLock:
         _write_pid(fd, os.getpid())
         self._fd = fd
 
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):

@@ -326,8 +326,10 @@ def families(snap: Snapshot) -> list[Metric]:
                                    "the others; docs/policy.md).",
                                    labels=["model", "reason", "cause"])
     held = GaugeMetricFamily("tfsupervisor_recycles_held_back", "Recycles the policy wants "
-                             "that wait: max_concurrent_recycles already under way, or the "
-                             "replacement failing to start (back-off).", labels=["model"])
+                             "that wait: max_concurrent_recycles already under way, the "
+                             "replacement failing to start (back-off), or the model's last "
+                             "ready worker's replacement waiting for room in the container.",
+                             labels=["model"])
     exits = CounterMetricFamily("tfsupervisor_worker_exits", "Worker processes that ended, by "
                                 "cause (docs/operations.md).", labels=["model", "cause"])
     limits = GaugeMetricFamily("tfsupervisor_policy_limit_bytes", "Absolute limits set in the "

@@ -13,7 +13,7 @@ import psutil
 
 from supervisor.core.history import Reading
 from supervisor.daemon.gpu import VramReader
-from supervisor.daemon.sampling import read_memory, read_memory_of
+from supervisor.daemon.sampling import read_tree
 from supervisor.daemon.tree import Trees
 
 
@@ -41,11 +41,11 @@ class Monitor:
         vram = self.vram.read(p for pid, tree in members.items() for p in (pid, *tree))
         out = {}
         for worker_id, pid, metric in targets:
-            own = read_memory(pid, metric)
-            if own is not None:
-                children = read_memory_of(members[pid], metric)
-                out[worker_id] = Reading(own + children, _vram(vram, pid, members[pid]),
-                                         children)
+            found = read_tree(pid, members[pid], metric)
+            if found is not None:
+                memory, children, private = found
+                out[worker_id] = Reading(memory, _vram(vram, pid, members[pid]), children,
+                                         private)
         return out
 
 
