@@ -343,11 +343,18 @@ def test_http_metrics_on_the_daemons_metrics_and_fronts_in_status(sup: Superviso
         assert request(port, "POST", "/v2/models/echo/infer",
                        infer_json("x", [1, 4], "FP32", [0, 0, 0, 0]))[0] == 200
     assert request(port, "GET", "/v2/models/nope")[0] == 404
-    text = request(sup.metrics_port, "GET", "/metrics")[2].decode()  # type: ignore[attr-defined]
-    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-               for line in text.splitlines() if line.startswith("tfsupervisor_http_")}
     infer = 'tfsupervisor_http_requests_total{code="200",route="/v2/models/{model}/infer"}'
+    deadline = time.monotonic() + 30
+    while True:  # the fronts write their tallies every second
+        text = request(sup.metrics_port, "GET", "/metrics")[2].decode()  # type: ignore
+        samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in text.splitlines() if line.startswith("tfsupervisor_http_")}
+        if samples.get(infer, 0) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert samples[infer] >= 3
+    assert samples['tfsupervisor_http_request_seconds_count{route="/v2/models/{model}/infer"}'] \
+        >= 3
     # an error found after routing is counted under its route; "-" is for no route at all
     assert samples['tfsupervisor_http_requests_total{code="404",route="/v2/models/{model}"}'] \
         >= 1

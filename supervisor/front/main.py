@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.client.aclient import AsyncClient
+from supervisor.front import metrics
 from supervisor.front.catalog import Catalog
 from supervisor.front.routes import Front
 from supervisor.front.server import Connections, HttpConnection, Limits
@@ -90,6 +91,7 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
             lambda: HttpConnection(front, limits, connections), sock=sock, ssl=context,
             ssl_handshake_timeout=request_timeout if context is not None else None)
     rpc = await _grpc(front, settings)
+    flusher = loop.create_task(_flush_metrics())
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     log.info("front_started", pid=os.getpid(), slot=args.slot)
@@ -101,9 +103,17 @@ async def serve(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         await rpc.stop(default_timeout)
     await connections.empty.wait()
     refresher.cancel()
+    flusher.cancel()
+    metrics.TALLIES.flush()
     await client.close()
     log.info("front_stopped", pid=os.getpid(), slot=args.slot)
     return 0
+
+
+async def _flush_metrics() -> None:
+    while True:
+        await asyncio.sleep(metrics.FLUSH)
+        metrics.TALLIES.flush()
 
 
 async def _grpc(front: Front, settings: dict[str, Any]) -> Any:

@@ -100,7 +100,7 @@ class Connections:
 
     def closed(self, conn: HttpConnection) -> None:
         self.open.discard(conn)
-        metrics.CONNECTIONS.dec()
+        metrics.TALLIES.connections -= 1
         if self.draining and not self.open:
             self.empty.set()
 
@@ -136,7 +136,7 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.connections.open.add(self)
-        metrics.CONNECTIONS.inc()
+        metrics.TALLIES.connections += 1
         if len(self.connections.open) > self.limits.max_connections:
             self._fail(HttpError(503, "too many connections to this front; retry"))
             return
@@ -269,7 +269,7 @@ class HttpConnection(asyncio.Protocol):
 
     async def _answer(self, request: Request) -> Response:
         started = time.perf_counter()
-        metrics.IN_FLIGHT.inc()
+        metrics.TALLIES.in_flight += 1
         share = await self.connections.budget.acquire(len(request.body))
         try:
             route, response = await answer(self.front, request)
@@ -279,7 +279,7 @@ class HttpConnection(asyncio.Protocol):
                                                             "HTTP front"))
         finally:
             await self.connections.budget.release(share)
-            metrics.IN_FLIGHT.dec()
+            metrics.TALLIES.in_flight -= 1
         seconds = time.perf_counter() - started
         metrics.observe(route, response.status, seconds, len(request.body), response.length)
         if self.limits.access_log is not None:
