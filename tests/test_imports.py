@@ -14,7 +14,7 @@ import supervisor
 import worker
 
 ROOT = Path(__file__).resolve().parent.parent
-ROLES = ("shared", "config", "core", "daemon", "client", "cli")
+ROLES = ("shared", "config", "core", "daemon", "client", "front", "cli")
 # What each role may import (itself included). Top-level modules (supervisor.aclient,
 # supervisor.testing, __main__) are public re-exports and may import anything.
 ALLOWED: dict[str, set[str]] = {
@@ -23,6 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"core", "config", "shared"},
     "daemon": {"daemon", "core", "config", "shared"},
     "client": {"client", "shared"},
+    # The HTTP and gRPC fronts are clients: they may use the client, never a decision.
+    "front": {"front", "client", "shared"},
     "cli": set(ROLES),
     "worker": {"worker", "shared", "config"},
 }

@@ -29,7 +29,7 @@ from supervisor.front.server import Connections, HttpConnection, Limits
 from supervisor.shared import linux, logs
 from supervisor.shared.exitcodes import WorkerExit
 
-log = logs.get("supervisor.front")
+log = logs.get(__name__)
 
 SETTINGS_ENV = "TFS_HTTP_SETTINGS"  # the http section, as JSON
 TOKEN_ENV = "TFS_HTTP_TOKEN"  # the bearer token, when token_file is set (never on argv)
