@@ -4,6 +4,7 @@ Real daemons, real sockets, real users (a forked child that drops to uid 65534).
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import json
 import os
@@ -376,6 +377,74 @@ def test_a_runtime_dir_that_cannot_be_created_is_one_clear_error(workdir: Path) 
                          "models": {"m": echo_model(1)}})
     error = _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
     assert f"is not a directory ({workdir / 'file'})" in error and "File exists" not in error
+
+
+def test_a_shared_runtime_dir_is_never_changed_and_the_cli_still_finds_the_daemon(
+        workdir: Path) -> None:
+    """`runtime_dir: /tmp`, as it were: mode 1777, another user's file in it. The daemon
+    keeps its sockets in a directory of its own inside it; the shared one keeps its mode and
+    owner through a start, a clean stop and a failed start; `status` finds the sockets."""
+    shared = workdir / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.chown(shared, NOBODY, NOBODY)
+    (shared / "theirs").write_text("another user's file")
+    before = os.stat(shared)
+    config = {"supervisor": {"runtime_dir": str(shared)}, "models": {"m": echo_model(1)}}
+    sup = start_supervisor(config, workdir)
+    try:
+        sup = dataclasses.replace(sup, runtime_dir=shared / "tfsupervisor")
+        sup.wait_ready()
+        with sup.client() as client:
+            assert client.infer("m", X)["x"].shape == (1, 4)
+        out = _cli("status", "-c", str(sup.config_path), "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["models"]["m"], out.stderr
+        assert stat.S_IMODE(os.stat(shared / "tfsupervisor").st_mode) == 0o750
+        assert sup.stop() == 0
+    finally:
+        sup.stop()
+    after = os.stat(shared)
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == \
+        (stat.S_IMODE(before.st_mode), before.st_uid, before.st_gid) == (0o1777, NOBODY, NOBODY)
+    # A failed start (the metrics port taken): the shared directory untouched still, and
+    # the daemon's own directory, made by this start, gone.
+    shutil.rmtree(shared / "tfsupervisor")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = _run(workdir, {"supervisor": {"runtime_dir": str(shared),
+                                            "metrics": f"127.0.0.1:{taken.getsockname()[1]}"},
+                             "models": {"m": echo_model(1)}})
+    _one_failure(out, DaemonExit.ADDRESS_IN_USE)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert sorted(p.name for p in shared.iterdir()) == ["theirs"]
+
+
+def test_a_runtime_dir_it_cannot_make_private_is_refused_in_one_line(workdir: Path) -> None:
+    shared = workdir / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    squatted = shared / "tfsupervisor"  # another user's, where the daemon's own would go
+    squatted.mkdir()
+    os.chown(squatted, NOBODY, NOBODY)
+    out = _run(workdir, {"supervisor": {"runtime_dir": str(shared)},
+                         "models": {"m": echo_model(1)}})
+    error = _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+    assert str(squatted) in error and "another user" in error, error
+    assert list(squatted.iterdir()) == [] and os.stat(squatted).st_uid == NOBODY
+    # A directory every user may write to, not sticky, named as the runtime dir itself:
+    # the daemon's own inside it too, never a chmod of it.
+    open_dir = workdir / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    sup = start_supervisor({"supervisor": {"runtime_dir": str(open_dir)},
+                            "models": {"m": echo_model(1)}}, workdir)
+    try:
+        sup = dataclasses.replace(sup, runtime_dir=open_dir / "tfsupervisor")
+        sup.wait_ready()
+        assert stat.S_IMODE(os.stat(open_dir).st_mode) == 0o777
+    finally:
+        sup.stop()
 
 
 def test_a_config_that_cannot_be_used_is_one_json_event(workdir: Path) -> None:

@@ -127,6 +127,7 @@ class Daemon:
         self.control = self.context.socket(zmq.ROUTER)  # status: read-only
         self.admin = self.context.socket(zmq.ROUTER)  # recycle, reload: its own access
         self.bound: list[Path] = []  # ipc socket files this daemon created
+        self.made: list[Path] = []  # directories it made for them, deepest last
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
         self.cgroup = CgroupReader()  # the container's memory budget, read every poll
@@ -171,10 +172,12 @@ class Daemon:
         with startup.step("admin_group"):
             admin_gid = security.group_id("admin_group", sup.admin_group)
         with startup.step(f"runtime dir {runtime}", runtime_dir=True):
-            security.prepare_runtime_dir(runtime, gid)
+            self.made += security.prepare_runtime_dir(runtime, gid)
             self.instance.acquire()  # before any socket: never take over a live daemon's
             private = Path(self.config.backend[len("ipc://"):]).parent
-            private.mkdir(mode=0o700, exist_ok=True)
+            if not private.exists():
+                private.mkdir(mode=0o700)
+                self.made.append(private)
             os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         # What ZeroMQ buffers before admission counts against memory too: a few messages per
@@ -355,6 +358,9 @@ class Daemon:
             log.error("supervisor_start_failed", error=message, exit_code=int(code))
         with contextlib.suppress(Exception):
             self._close()
+        for path in reversed(self.made):  # what this start made, if nothing else is in it
+            with contextlib.suppress(OSError):
+                path.rmdir()
         return code
 
     def _guarded(self, event: str, step: Callable[[], None]) -> None:

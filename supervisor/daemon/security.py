@@ -11,6 +11,7 @@ import errno
 import grp
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import zmq.auth
 from zmq.auth.base import Authenticator
 
 from supervisor.config.keys import CurveConfig
+from supervisor.config.loading import shared_dir
 from supervisor.shared import logs
 from supervisor.shared.certificates import load_certificate
 
@@ -202,19 +204,44 @@ def group_id(setting: str, group: str | None) -> int | None:
                            "host") from None
 
 
-def prepare_runtime_dir(path: Path, gid: int | None) -> None:
-    """Create the ipc directory, readable by owner and group only. A file where the
-    directory (or one of its parents) should be is named as `check` names it: mkdir's own
-    "File exists" sent the operator looking for a directory that was not there."""
+class RuntimeDirError(Exception):
+    """A runtime dir the daemon cannot make private without changing what is not its own."""
+
+
+def prepare_runtime_dir(path: Path, gid: int | None) -> list[Path]:
+    """The ipc directory: made here (readable by owner and group only) and returned with
+    every parent made for it, deepest last, so that a failed start can remove them; or,
+    when it exists, taken as it is: the mode and owner of a directory the daemon did not
+    make are never changed (`runtime_dir: /tmp` must not lock other users out of /tmp).
+    One that every user may write to is refused, and so is one in a shared directory (the
+    daemon's own there, config/loading.py _own_dir) that another user made. A file where
+    the directory (or one of its parents) should be is named as `check` names it: mkdir's
+    own "File exists" sent the operator looking for a directory that was not there."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "is not a directory", str(existing))
-    path.mkdir(parents=True, exist_ok=True)
+    if existing == path:
+        info = path.lstat()
+        if info.st_mode & stat.S_IWOTH:
+            raise RuntimeDirError(f"runtime dir {path}: every user may write to it (mode "
+                                  f"{stat.S_IMODE(info.st_mode):04o}); the daemon does not "
+                                  "change a directory it did not make: remove it, or choose "
+                                  "another supervisor.runtime_dir")
+        if shared_dir(path.parent) and info.st_uid != os.geteuid():
+            raise RuntimeDirError(f"runtime dir {path}: made by another user (uid "
+                                  f"{info.st_uid}) in a directory every user may write to; "
+                                  "remove it, or choose another supervisor.runtime_dir")
+        return []
+    made = [path]
+    while made[-1].parent != existing:
+        made.append(made[-1].parent)
+    path.mkdir(parents=True)
     if gid is not None:
         os.chown(path, -1, gid)
     os.chmod(path, 0o750)
+    return made[::-1]
 
 
 def restrict_socket(endpoint: str, gid: int | None, shared: bool = True) -> None:
