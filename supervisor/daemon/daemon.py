@@ -65,6 +65,7 @@ from supervisor.daemon.fronts import EXIT_GRACE, Fronts
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.offloop import OffLoop
+from supervisor.daemon.pacing import Pacer
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.resources import Resources
@@ -84,6 +85,7 @@ from supervisor.shared.protocol import (
     ProtocolError,
     decode,
     encode,
+    frame_bytes,
     pack_job,
     split_envelope,
 )
@@ -143,12 +145,16 @@ class Daemon:
         self.fronts: Fronts | None = None  # the HTTP front processes, when http.listen is set
         self.fronts_deadline: float | None = None  # after the drain: fronts get until then
         self.front_key: tuple[bytes, Path] | None = None  # their CURVE pair, under curve
+        self.pacer = Pacer(clock)  # what one connection may ask of the status endpoint
+        self.reporter.metrics.registry.register(self.pacer)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
             resources=self.resources.facts,
-            fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None)
+            fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None,
+            turn=lambda: self.turn_started, paced=self.pacer.facts)
+        self.status_frames: tuple[dict[str, Any], list[Frame]] | None = None  # encoded once
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
         self.offloop = OffLoop(self.signals.wake, clock)  # blocking reads, with deadlines
@@ -303,6 +309,10 @@ class Daemon:
                     self._guarded("requests_failed", self._read_requests)
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
+                if self.pacer.held:  # requests that waited for their connection's turn
+                    for frames in self.pacer.due():
+                        self._guarded("control_failed", partial(
+                            self._command, self.control, frames, False))
                 if self.admin in ready:
                     self._drain(self.admin, self._on_admin)
                 if self.zap is not None and self.zap.zap_socket in ready:
@@ -382,6 +392,8 @@ class Daemon:
         wake = min(wake, self.core.queue_wake(now, self.next_housekeeping))
         if (read_deadline := self.reloader.next_deadline()) is not None:
             wake = min(wake, max(read_deadline, self.next_housekeeping))
+        if (paced := self.pacer.next_due()) is not None:
+            wake = min(wake, paced)
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
@@ -583,7 +595,16 @@ class Daemon:
         self.core.worker_message(identity, frames[1:], self.clock())
 
     def _on_control(self, frames: list[Frame]) -> None:
-        self._command(self.control, frames, admin=False)
+        """Paced per connection (pacing.py): now, later, or refused in so many words."""
+        outcome = self.pacer.admit(frame_bytes(frames[0]) if frames else b"", frames)
+        if outcome == "now":
+            self._command(self.control, frames, admin=False)
+        elif outcome == "refused":
+            envelope, _ = split_envelope(frames)
+            send(self.control, [*envelope, *encode(Message(CONTROL, b"", {
+                "ok": False, "error": "too many requests waiting on this connection to the "
+                f"status endpoint (at most {self.pacer.facts()['limit']}): wait for the "
+                "answers before asking again"}))])
 
     def _on_admin(self, frames: list[Frame]) -> None:
         self._command(self.admin, frames, admin=True)
@@ -592,7 +613,13 @@ class Daemon:
         envelope, body = split_envelope(frames)
 
         def answer(result: dict[str, Any]) -> None:  # now, or when a reload is done
-            send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
+            if self.status_frames is not None and self.status_frames[0] is result:
+                out = self.status_frames[1]  # a published status: encoded once
+            else:
+                out = encode(Message(CONTROL, b"", result))
+                if result is (self.controller.published or (0, 0, None))[2]:
+                    self.status_frames = (result, out)
+            send(sock, [*envelope, *out])
 
         try:
             msg = decode(body)
