@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 
 from supervisor.client import control
@@ -28,6 +29,12 @@ def _port() -> int:
 def test_status_answers_what_is_true_after_an_admin_command(
         supervisor_factory: Callable[..., Supervisor]) -> None:
     sup = supervisor_factory({"models": {"m": echo_model(1)}})
+    sent = sup.status()["models"]["m"]["batches"]["sent"]
+    with sup.client() as client:
+        for _ in range(3):
+            client.infer("m", {"x": np.ones((1, 4), np.float32)})
+    # Nothing floods the endpoint: each status is built in its own turn, never an old one.
+    assert sup.status()["models"]["m"]["batches"]["sent"] >= sent + 3
     worker = sup.workers("m")[0]
     assert worker["state"] == "ready" and sup.status()["models"]["m"]["available"]
     sup.admin("recycle", model="m", worker=worker["id"])

@@ -22,9 +22,10 @@ Answer = Callable[[dict[str, Any]], None]
 
 # Commands that change what the daemon does; the status endpoint refuses them.
 ADMIN_COMMANDS = ("recycle", "reload")
-# A status is built (~378 µs of the loop with a few models) at most once per loop turn, and
-# then reused by every status for this long: a flood of status requests costs the loop
-# their reading and sending, not a status each. An admin command starts a new one.
+# A status is built (~378 µs of the loop with a few models) at most once per loop turn and
+# reused by every status in that turn; while the status endpoint is saturated (requests
+# waited their turn in the last second: pacing.py), for this long too, so that a flood
+# costs the loop their reading and sending, not a status each. An admin command starts anew.
 STATUS_FRESH = 0.1
 
 
@@ -34,7 +35,8 @@ class Controller:
                  resources: Callable[[], dict[str, Any]] = dict,
                  fronts: Callable[[], list[dict[str, Any]] | None] = lambda: None,
                  turn: Callable[[], float] = lambda: 0.0,
-                 paced: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
+                 paced: Callable[[], dict[str, Any] | None] = lambda: None,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.core = core
         self.fronts = fronts  # the HTTP front processes (None: no http.listen)
         self.resources = resources  # the daemon's own: log lines dropped, descriptors
@@ -43,6 +45,7 @@ class Controller:
         self.ready = ready  # serving, and every required model has a ready worker now
         self.turn = turn  # when the loop's current turn began: one status per turn at most
         self.paced = paced  # the control endpoint's pacing (pacing.py), shown in status
+        self.busy = busy  # status requests wait their turn lately: answers shared longer
         # the status published last: when, in which turn, and the answer itself
         self.published: tuple[float, float, dict[str, Any]] | None = None
 
@@ -148,13 +151,13 @@ class Controller:
         return {"ok": True, "result": {"scheduled": scheduled}}
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        """The status answer published in this loop turn, or in the last STATUS_FRESH
-        seconds; else a new one, published. The same object each time it is reused (the
-        daemon keeps its encoding beside it)."""
+        """The status answer published in this loop turn (or, while the endpoint is
+        saturated, in the last STATUS_FRESH seconds); else a new one, published. The same
+        object each time it is reused (the daemon keeps its encoding beside it)."""
         turn = self.turn()
         if self.published is not None:
             at, its_turn, answer = self.published
-            if its_turn == turn or now - at < STATUS_FRESH:
+            if its_turn == turn or (now - at < STATUS_FRESH and self.busy()):
                 return answer
         answer = {"ok": True, "result": self.status(now)}
         self.published = (now, turn, answer)

@@ -153,7 +153,8 @@ class Daemon:
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
             resources=self.resources.facts,
             fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None,
-            turn=lambda: self.turn_started, paced=self.pacer.facts)
+            turn=lambda: self.turn_started, paced=self.pacer.facts,
+            busy=self.pacer.saturated)
         self.status_frames: tuple[dict[str, Any], list[Frame]] | None = None  # encoded once
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding

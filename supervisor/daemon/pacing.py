@@ -30,6 +30,7 @@ CONTROL_TOTAL_RATE = 200.0  # requests a second, all connections together
 CONTROL_TOTAL_BURST = 200
 HELD_PER_CALLER = 8  # requests one connection may have waiting; past that, refused
 MAX_HELD = 1024  # requests waiting, all connections together
+SATURATED_FOR = 1.0  # seconds after a request last had to wait: the endpoint is flooded
 MAX_CALLERS = 4096  # connections whose buckets are remembered (the oldest idle one goes)
 
 
@@ -41,6 +42,7 @@ class Pacer(Collector):
         self.holding = 0  # requests held, all connections together
         self.total = Pace(CONTROL_TOTAL_RATE, CONTROL_TOTAL_BURST, clock)
         self.delayed = 0  # requests that waited their turn
+        self.last_delayed = float("-inf")  # when the last one began to wait
         self.refused = 0  # requests refused: too many waiting on their connection
 
     def admit(self, caller: bytes, frames: list[Frame]) -> str:
@@ -57,6 +59,7 @@ class Pacer(Collector):
         waiting.append(frames)
         self.holding += 1
         self.delayed += 1
+        self.last_delayed = self.clock()
         return "held"
 
     def due(self) -> list[list[Frame]]:
@@ -78,6 +81,10 @@ class Pacer(Collector):
             return None
         first = min(self._bucket(caller).wait() for caller in self.held)
         return self.clock() + max(first, self.total.wait())
+
+    def saturated(self) -> bool:
+        """Requests waited their turn in the last second: the endpoint is flooded."""
+        return self.clock() - self.last_delayed < SATURATED_FOR
 
     def facts(self) -> dict[str, Any]:
         return {"delayed": self.delayed, "refused": self.refused,
