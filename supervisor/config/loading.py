@@ -37,6 +37,7 @@ from supervisor.config.settings import (
     parse_section,
     section_schema,
 )
+from supervisor.config.units import format_size
 from supervisor.config.worker_spec import ENV_VAR, SpawnError, check_options
 
 # A config file larger than this is not a config file (and is not read whole into memory):
@@ -62,7 +63,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigErrors([ConfigError("", f"{file} is larger than "
-                                        f"{MAX_CONFIG_BYTES // 1024**2} MiB: not a config file")])
+                                        f"{format_size(MAX_CONFIG_BYTES)}: not a config file")])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
