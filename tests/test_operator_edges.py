@@ -496,6 +496,51 @@ def test_readiness_with_a_model_that_cannot_load(supervisor_factory: Any,
         assert client.infer("good", X)["x"].shape == (1, 4)
 
 
+def test_a_model_whose_only_worker_is_starting_is_not_available(supervisor_factory: Any) -> None:
+    """`status` said "available" while the model's only worker was still loading."""
+    sup = supervisor_factory({"models": {"m": echo_model(1, startup_seconds=600)}}, wait=False)
+    status = sup.wait_for(lambda s: [w["state"] for w in s["models"]["m"]["workers"]] ==
+                          ["starting"], what="its worker starting")
+    assert status["models"]["m"]["available"] is False
+    assert status["models"]["m"]["last_error"] is None
+    out = _cli("status", "-c", str(sup.config_path))
+    assert "STARTING: no worker ready yet" in out.stdout and "available" not in out.stdout, \
+        out.stdout
+
+
+def test_a_handlers_own_exit_while_serving_is_not_called_a_load_error(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1, exit_on=-3.0, exit_code=3)}})
+    with sup.client(timeout=30) as client, pytest.raises(JobError):
+        client.infer("m", {"x": np.full((1, 4), -3.0, np.float32)})
+    status = sup.wait_for(lambda s: s["models"]["m"]["last_unexpected_exit"] is not None,
+                          what="the exit recorded")
+    told = status["models"]["m"]["last_unexpected_exit"]["exit"]
+    assert told.startswith("exit 3 (while serving") and "LOAD_ERROR" not in told, told
+    died = [e for e in _events(sup.log()) if e["event"] == "worker_died"]
+    assert died and "LOAD_ERROR" not in died[0]["exit"], died
+
+
+def test_a_models_last_error_names_the_worker_that_failed_last(supervisor_factory: Any) -> None:
+    """Workers that exit 3 while loading without a word: each failure is its own, not the
+    first one's message again (which named the first worker)."""
+    sup = supervisor_factory({"models": {"m": echo_model(1, startup_exit=3)}}, wait=False)
+
+    def failed() -> list[dict[str, Any]]:
+        return [e for e in _events(sup.log()) if e["event"] == "worker_boot_failed"]
+
+    sup.wait_for(lambda s: len(failed()) >= 3, what="three workers failed to load")
+    events = failed()
+    assert len({e["worker"] for e in events}) == len(events)
+    for event in events:
+        assert f"worker {event['worker']} exited before ready" in event["error"], events
+    before = failed()
+    error = sup.status()["models"]["m"]["last_error"]
+    recent = [e["worker"] for e in failed()[len(before) - 1:]]  # the last, or a newer one
+    assert any(error.startswith(f"worker {w} exited before ready") for w in recent), \
+        (error, recent)
+
+
 # --- check -------------------------------------------------------------------------------------
 
 

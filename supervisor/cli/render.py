@@ -104,7 +104,9 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
 
 def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str:
     recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
-    state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    state = "available" if model["available"] else \
+        f"UNAVAILABLE: {model['last_error']}" if model.get("last_error") else \
+        "STARTING: no worker ready yet (its jobs wait in the queue)"
     if stopping:  # its workers finish what they have; it takes nothing new
         state = "DRAINING (the supervisor is stopping)"
     if model["available"] and model.get("failing_to_start"):  # old workers serve on
