@@ -244,7 +244,11 @@ def test_a_key_removed_from_the_directory_is_refused_after_reload(
     with Client(endpoint, timeout=10, **stranger) as client:
         assert client.infer("m", X)["x"].shape == (1, 4)
     (keys / "authorized_clients" / "stranger.key").unlink()  # revoked
-    sup.admin("reload")
+    out = _cli("reload", "-c", str(sup.config_path))  # it said "reloaded: no changes"
+    assert out.returncode == 0 and "client_keys authorized_clients 1 (1 removed)" in \
+        out.stdout, out
+    assert _cli("reload", "-c", str(sup.config_path)).stdout.startswith(
+        "reloaded: no changes")  # nothing changed since
     with Client(endpoint, timeout=2, **stranger) as client, pytest.raises(NoReply):
         client.infer("m", X)
     with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),

@@ -678,7 +678,8 @@ class Daemon:
         """What a finished read found, applied in place: the keys whatever the config file
         holds (a removal always applies), then the config if it validated."""
         read = outcome.read
-        note = self._install_keys(read)  # read before the config, even if that then hung
+        note, keys_changed = self._install_keys(read)  # read before the config, even if
+        # that then hung
         if outcome.timed_out:
             what = f"reading {read.path}" if read.reading is None else \
                 f"the code fingerprint (reading {read.reading}, named by the config)"
@@ -699,29 +700,32 @@ class Daemon:
         self.config = self.core.config
         self._keep_reserve()
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
-        log.info("config_reloaded", path=str(read.path), **changes.summary())
+        summary = changes.summary()
+        if keys_changed:  # keys alone changed: a reload that did something all the same
+            summary["client_keys"] = keys_changed
+        log.info("config_reloaded", path=str(read.path), **summary)
         self._check_budget()
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
-        summary = changes.summary()
         if read.keys is not None and read.keys[1]:
             summary["key_problems"] = read.keys[1]
         return {"ok": True, "result": summary}
 
-    def _install_keys(self, read: Read) -> str:
+    def _install_keys(self, read: Read) -> tuple[str, list[str]]:
         """The client keys the read found, installed; a note for a rejected reload's
-        answer when some were skipped."""
+        answer when some were skipped, and what changed in the admitted keys."""
         if self.zap is None or read.keys is None:
-            return ""
+            return "", []
         keys, problems = read.keys
-        security.install_clients(self.zap, security.with_front(keys, self._front_public()))
+        changed = security.install_clients(self.zap, security.with_front(
+            keys, self._front_public()))
         if not problems:
-            return ""
+            return "", changed
         log.error("curve_keys_skipped", problems=problems,
                   hint="the keys that could be read apply; fix or remove the others")
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
-                + "\n".join(problems))
+                + "\n".join(problems)), changed
 
     def _code_at_start(self) -> None:
         """What the first workers start from: the fingerprints of the models' code, read

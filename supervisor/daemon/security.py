@@ -30,6 +30,8 @@ ZAP_DOMAIN = "tfsupervisor"
 # The admin endpoint's own ZAP domain: its key set (curve.admin_clients) is separate, so a
 # client admitted to submit jobs or read status cannot recycle or reload.
 ADMIN_DOMAIN = "tfsupervisor-admin"
+# The setting whose key directory each domain's keys come from.
+_DIRECTORIES = {ZAP_DOMAIN: "authorized_clients", ADMIN_DOMAIN: "admin_clients"}
 # A key directory with more files than this is not a key directory.
 MAX_CLIENT_KEYS = 100_000
 # A public certificate is a few hundred bytes; a larger .key file is not one.
@@ -163,12 +165,24 @@ def with_front(keys: dict[str, dict[bytes, bool]],
     return {**keys, ZAP_DOMAIN: {**keys.get(ZAP_DOMAIN, {}), front: True}}
 
 
-def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:
-    """Replace the admitted keys, every domain at once (read them with read_clients)."""
+def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> list[str]:
+    """Replace the admitted keys, every domain at once (read them with read_clients); what
+    changed, per key directory ("authorized_clients 4,999 (1 removed)"), for `reload` to
+    say: a changed key set is a change."""
+    before: dict[str, dict[bytes, bool]] = dict(getattr(handler, "certs", {}) or {})
     handler.allow_any = False
     handler.certs = dict(keys)
     for domain, certs in keys.items():
         log.info("curve_clients_loaded", domain=domain, clients=len(certs))
+    changes = []
+    for domain in sorted({*before, *keys}):
+        old, new = set(before.get(domain, {})), set(keys.get(domain, {}))
+        added, removed = len(new - old), len(old - new)
+        if added or removed:
+            what = ", ".join(f"{n:,} {verb}" for n, verb in ((added, "added"),
+                                                             (removed, "removed")) if n)
+            changes.append(f"{_DIRECTORIES.get(domain, domain)} {len(new):,} ({what})")
+    return changes
 
 
 def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig,
