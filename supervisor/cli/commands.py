@@ -384,7 +384,9 @@ def cmd_top(args: argparse.Namespace) -> int:
     try:
         while not quit_.asked:
             # The terminal's size at each frame ($COLUMNS/$LINES first): the frame fits it.
-            columns, rows = shutil.get_terminal_size()
+            # Piped, with no size given, there is no terminal to fit: nothing is cut.
+            columns, rows = shutil.get_terminal_size() if sys.stdout.isatty() or \
+                {"COLUMNS", "LINES"} & os.environ.keys() else (10**6, 10**6)
             try:
                 report = control(endpoint, "status", timeout=args.interval + 5,
                                  **_curve_args(args))
