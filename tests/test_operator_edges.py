@@ -436,6 +436,8 @@ def test_a_runtime_dir_it_cannot_make_private_is_refused_in_one_line(workdir: Pa
     error = _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
     assert str(squatted) in error and "another user" in error, error
     assert list(squatted.iterdir()) == [] and os.stat(squatted).st_uid == NOBODY
+    check = _cli("check", "-c", str(workdir / "config.yaml"))  # `check` agrees with `run`
+    assert check.returncode == 1 and "made by another user" in check.stdout + check.stderr
     # A directory every user may write to, not sticky, named as the runtime dir itself:
     # the daemon's own inside it too, never a chmod of it.
     open_dir = workdir / "open"

@@ -237,16 +237,8 @@ def prepare_runtime_dir(path: Path, gid: int | None) -> list[Path]:
     if not existing.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "is not a directory", str(existing))
     if existing == path:
-        info = path.lstat()
-        if info.st_mode & stat.S_IWOTH:
-            raise RuntimeDirError(f"runtime dir {path}: every user may write to it (mode "
-                                  f"{stat.S_IMODE(info.st_mode):04o}); the daemon does not "
-                                  "change a directory it did not make: remove it, or choose "
-                                  "another supervisor.runtime_dir")
-        if shared_dir(path.parent) and info.st_uid != os.geteuid():
-            raise RuntimeDirError(f"runtime dir {path}: made by another user (uid "
-                                  f"{info.st_uid}) in a directory every user may write to; "
-                                  "remove it, or choose another supervisor.runtime_dir")
+        if (problem := runtime_dir_problem(path)) is not None:
+            raise RuntimeDirError(f"runtime dir {problem}")
         return []
     made = [path]
     while made[-1].parent != existing:
@@ -256,6 +248,23 @@ def prepare_runtime_dir(path: Path, gid: int | None) -> list[Path]:
         os.chown(path, -1, gid)
     os.chmod(path, 0o750)
     return made[::-1]
+
+
+def runtime_dir_problem(path: Path) -> str | None:
+    """Why an existing runtime dir cannot be the daemon's as it is (None: it can): one every
+    user may write to, or one another user made where every user may make it."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None  # not there: the daemon makes it
+    if info.st_mode & stat.S_IWOTH:
+        return (f"{path}: every user may write to it (mode {stat.S_IMODE(info.st_mode):04o}); "
+                "the daemon does not change a directory it did not make: remove it, or "
+                "choose another supervisor.runtime_dir")
+    if shared_dir(path.parent) and info.st_uid != os.geteuid():
+        return (f"{path}: made by another user (uid {info.st_uid}) in a directory every "
+                "user may write to; remove it, or choose another supervisor.runtime_dir")
+    return None
 
 
 def restrict_socket(endpoint: str, gid: int | None, shared: bool = True) -> None:
