@@ -13,8 +13,9 @@ the loop acts on it. Every other thread is listed here with exactly what it may 
   into the loop; ``Gate.close`` stops it.
 - http-listener (daemon/listener.py), when supervisor.metrics is set, until ``_close``:
   owns its HTTP connections; reads only what the loop publishes whole (the metrics
-  snapshot, ``Health``'s fields, the tallies it copies), prometheus_client's own
-  thread-safe metrics and ``Gate.counts``. It never calls into the loop.
+  snapshot, ``Health``'s fields, the tallies it copies, ``Pacer``'s two counts),
+  prometheus_client's own thread-safe metrics and ``Gate.counts``. It never calls into the
+  loop.
 - off-loop tasks (daemon/offloop.py, ``self.offloop``): one thread per blocking read, each
   with a deadline: a reload's config and key reads (config-read, keys-read:
   daemon/reloader.py) and the code fingerprints (code-check: daemon/codewatch.py). Each
