@@ -112,6 +112,28 @@ def test_a_socket_group_member_reads_status_but_cannot_reach_admin(
     assert sup.admin("recycle", model="m")["scheduled"]
 
 
+def test_socket_group_is_given_to_the_service_managers_runtime_dir_only(
+        supervisor_factory: Any, workdir: Path) -> None:
+    """systemd's RuntimeDirectory= is made for the service: socket_group still applies to
+    it (its mode stays systemd's). Any other existing directory keeps its group."""
+    group = grp.getgrgid(NOBODY).gr_name
+    for service in (True, False):
+        existing = (workdir / f"existing-{service}").resolve()
+        existing.mkdir(mode=0o750)
+        os.chmod(existing, 0o750)
+        env = {"RUNTIME_DIRECTORY": str(existing)} if service else {}
+        sup = supervisor_factory({"supervisor": {"socket_group": group,
+                                                 "runtime_dir": str(existing)},
+                                  "models": {"m": echo_model(1)}}, wait=False, env=env)
+        sup = dataclasses.replace(sup, runtime_dir=existing)
+        sup.wait_ready()
+        info = os.stat(existing)
+        assert stat.S_IMODE(info.st_mode) == 0o750
+        assert info.st_gid == (NOBODY if service else 0), (service, info.st_gid)
+        assert os.stat(existing / "control.sock").st_gid == NOBODY
+        sup.stop()
+
+
 def test_admin_group_opens_the_admin_socket_to_its_members(supervisor_factory: Any) -> None:
     group = grp.getgrgid(NOBODY).gr_name
     sup = supervisor_factory({"supervisor": {"socket_group": group, "admin_group": group},

@@ -180,7 +180,9 @@ class Daemon:
         with startup.step("admin_group"):
             admin_gid = security.group_id("admin_group", sup.admin_group)
         with startup.step(f"runtime dir {runtime}", runtime_dir=True):
-            self.made += security.prepare_runtime_dir(runtime, gid)
+            # systemd's RuntimeDirectory=, made for this service: socket_group still applies
+            service_dir = str(runtime) == os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+            self.made += security.prepare_runtime_dir(runtime, gid, service_dir)
             self.instance.acquire()  # before any socket: never take over a live daemon's
             private = Path(self.config.backend[len("ipc://"):]).parent
             if not private.exists():

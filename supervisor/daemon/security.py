@@ -222,13 +222,16 @@ class RuntimeDirError(Exception):
     """A runtime dir the daemon cannot make private without changing what is not its own."""
 
 
-def prepare_runtime_dir(path: Path, gid: int | None) -> list[Path]:
+def prepare_runtime_dir(path: Path, gid: int | None, service_dir: bool = False) -> list[Path]:
     """The ipc directory: made here (readable by owner and group only) and returned with
     every parent made for it, deepest last, so that a failed start can remove them; or,
     when it exists, taken as it is: the mode and owner of a directory the daemon did not
     make are never changed (`runtime_dir: /tmp` must not lock other users out of /tmp).
     One that every user may write to is refused, and so is one in a shared directory (the
-    daemon's own there, config/loading.py _own_dir) that another user made. A file where
+    daemon's own there, config/loading.py _own_dir) that another user made.
+    ``service_dir``: the service manager made it for this service (systemd's
+    RuntimeDirectory=): its group is still set to ``gid`` (socket_group; its mode is left
+    alone). A file where
     the directory (or one of its parents) should be is named as `check` names it: mkdir's
     own "File exists" sent the operator looking for a directory that was not there."""
     existing = path
@@ -239,6 +242,8 @@ def prepare_runtime_dir(path: Path, gid: int | None) -> list[Path]:
     if existing == path:
         if (problem := runtime_dir_problem(path)) is not None:
             raise RuntimeDirError(f"runtime dir {problem}")
+        if service_dir and gid is not None:
+            os.chown(path, -1, gid)
         return []
     made = [path]
     while made[-1].parent != existing:
