@@ -240,3 +240,42 @@ def test_tune_says_how_much_more_padding_sizes_cost_the_warm_up() -> None:
     assert "from 6 to 18 shapes (3.0x)" in said and "longer to become ready" in said, said
     fewer = Finding(("padding", "seq", "sizes"), [64, 128], "evidence")
     assert warmup_growth(model, fewer) == ""
+
+
+# --- top fits the terminal ---------------------------------------------------------------------
+
+
+def test_top_fits_the_terminal_summary_first_and_says_what_it_left_out(
+        supervisor_factory: Any) -> None:
+    """With 50 models `top` printed `status` whole every second (104 lines, 250-character
+    lines) whatever the terminal's size."""
+    import os
+    import signal
+
+    from supervisor.cli.render import render_top
+
+    sup = supervisor_factory({"models": {"a": echo_model(1), "b": echo_model(1)}})
+    report = sup.status()
+    many = {f"model-{i:02d}": report["models"]["a" if i % 2 else "b"] for i in range(50)}
+    frame = render_top({**report, "models": many}, 80, 21)
+    assert len(frame) <= 21 and all(len(line) < 80 for line in frame), frame
+    assert frame[0].startswith("50 models: 50 available, 0 starting, 0 UNAVAILABLE")
+    assert frame[-1].startswith("… ") and "more models" in frame[-1], frame
+    assert sum(line.startswith("model-") for line in frame) == 21 - 4  # summary, blank, head
+    one = render_top(report, 80, 21, model="a")
+    assert any(line.startswith("a ") and "a-" in line for line in one), one
+    # The command itself, in a terminal of 60 x 6 ($COLUMNS, $LINES): each frame fits.
+    top = subprocess.Popen([*CLI, "top", "-c", str(sup.config_path), "--interval", "0.2"],
+                           stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "COLUMNS": "60", "LINES": "6"})
+    try:
+        assert top.stdout is not None
+        lines = []
+        while not (lines and lines[-1].startswith("… ")):  # the first frame's last line
+            lines.append(top.stdout.readline().rstrip("\n"))
+            assert lines[-1] or len(lines) < 20, lines
+    finally:
+        top.send_signal(signal.SIGINT)
+        top.communicate(timeout=30)
+    assert lines[0].startswith("tfsupervisor top") and len(lines) <= 6, lines
+    assert all(len(line) < 60 for line in lines), lines

@@ -227,8 +227,9 @@ def test_a_drop_while_a_call_waits_ends_it_at_once() -> None:
 
 
 def test_a_first_try_carries_the_timeout_as_given(scripted: Scripted) -> None:
-    """The same call twice sends the same header bytes, with the caller's timeout: the
-    supervisor knows a header by its bytes (one refreshed from the clock varied by 1 ms)."""
+    """The same call twice sends the same header bytes, with the caller's timeout less the
+    time its verdict needs to come back: the supervisor knows a header by its bytes (one
+    refreshed from the clock varied by 1 ms)."""
     x = {"x": np.ones((1, 4), np.float32)}
     with Client(scripted.endpoint, timeout=7.5) as client:
         for _ in range(20):
@@ -241,7 +242,35 @@ def test_a_first_try_carries_the_timeout_as_given(scripted: Scripted) -> None:
 
     asyncio.run(twice())
     assert len(set(scripted.headers)) == 1
-    assert msgpack.unpackb(scripted.headers[0])["timeout_ms"] == 7500
+    assert msgpack.unpackb(scripted.headers[0])["timeout_ms"] == int(7.5 / 1.1 * 1000)
+
+
+def test_a_call_ends_within_its_timeout_and_says_whether_the_job_may_have_run() -> None:
+    """timeout=5 gave up after 5.6 s, and "no supervisor reachable ... within 5.6s" (after
+    0.02 s) did not say that the job never left (issue 47)."""
+    workdir = short_tmpdir()
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes jobs, never answers
+    silent.bind(f"ipc://{workdir}/silent.sock")
+    x = {"x": np.ones((1, 4), np.float32)}
+    try:
+        with Client(f"ipc://{workdir}/silent.sock", timeout=3) as client:
+            started = time.monotonic()
+            with pytest.raises(NoReply) as sent:
+                client.infer("m", x)
+            waited = time.monotonic() - started
+        assert 3 <= waited < 3.3, waited  # its own deadline: not 10 % and 100 ms more
+        assert "within 3s: the job was sent, so it may have run" in sent.value.message
+        frames = silent.recv_multipart()
+        assert decode(frames[1:]).header["timeout_ms"] < 3000  # its verdict has time back
+        with Client(f"ipc://{workdir}/nobody.sock", timeout=0.3) as client, \
+                pytest.raises(NoReply) as unsent:
+            client.infer("m", x)
+        message = unsent.value.message
+        assert "of the 0.3s timeout): the job was never sent, so it did not run" in message
+        assert "within" not in message, message
+    finally:
+        silent.close(linger=0)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_one_client_shared_by_threads_answers_every_call_its_own(scripted: Scripted) -> None:

@@ -285,8 +285,12 @@ def test_non_utf8_and_oversized_files(tmp_path: Path, monkeypatch: pytest.Monkey
     assert str(info.value) == f"{file} is not UTF-8 text: byte 0xe9 at offset 10"
     file.write_bytes(b"\xef\xbb\xbf" + MINIMAL.encode())  # a UTF-8 BOM is fine
     assert load_config(file).models["demo"].workers == 1
+    big = tmp_path / "big.yaml"  # the limit in its own unit: it said "larger than 0 MiB"
+    big.write_bytes(b"#" * (300 * 1024))
+    with pytest.raises(ConfigErrors, match=r"larger than 256\.0KiB: not a config file"):
+        load_config(big)
     monkeypatch.setattr("supervisor.config.loading.MAX_CONFIG_BYTES", 16)
-    with pytest.raises(ConfigErrors, match="larger than 0 MiB: not a config file"):
+    with pytest.raises(ConfigErrors, match="larger than 16B: not a config file"):
         load_config(file)
     with pytest.raises(ConfigErrors, match="cannot read"):
         load_config(tmp_path)  # a directory

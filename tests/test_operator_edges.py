@@ -4,6 +4,7 @@ Real daemons, real sockets, real users (a forked child that drops to uid 65534).
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import json
 import os
@@ -109,6 +110,28 @@ def test_a_socket_group_member_reads_status_but_cannot_reach_admin(
     assert sup.status()["models"]["m"]["recycles"] == {}
     # Sanity of the probe itself: the same child, as root, reaches the admin endpoint.
     assert sup.admin("recycle", model="m")["scheduled"]
+
+
+def test_socket_group_is_given_to_the_service_managers_runtime_dir_only(
+        supervisor_factory: Any, workdir: Path) -> None:
+    """systemd's RuntimeDirectory= is made for the service: socket_group still applies to
+    it (its mode stays systemd's). Any other existing directory keeps its group."""
+    group = grp.getgrgid(NOBODY).gr_name
+    for service in (True, False):
+        existing = (workdir / f"existing-{service}").resolve()
+        existing.mkdir(mode=0o750)
+        os.chmod(existing, 0o750)
+        env = {"RUNTIME_DIRECTORY": str(existing)} if service else {}
+        sup = supervisor_factory({"supervisor": {"socket_group": group,
+                                                 "runtime_dir": str(existing)},
+                                  "models": {"m": echo_model(1)}}, wait=False, env=env)
+        sup = dataclasses.replace(sup, runtime_dir=existing)
+        sup.wait_ready()
+        info = os.stat(existing)
+        assert stat.S_IMODE(info.st_mode) == 0o750
+        assert info.st_gid == (NOBODY if service else 0), (service, info.st_gid)
+        assert os.stat(existing / "control.sock").st_gid == NOBODY
+        sup.stop()
 
 
 def test_admin_group_opens_the_admin_socket_to_its_members(supervisor_factory: Any) -> None:
@@ -243,7 +266,11 @@ def test_a_key_removed_from_the_directory_is_refused_after_reload(
     with Client(endpoint, timeout=10, **stranger) as client:
         assert client.infer("m", X)["x"].shape == (1, 4)
     (keys / "authorized_clients" / "stranger.key").unlink()  # revoked
-    sup.admin("reload")
+    out = _cli("reload", "-c", str(sup.config_path))  # it said "reloaded: no changes"
+    assert out.returncode == 0 and "client_keys authorized_clients 1 (1 removed)" in \
+        out.stdout, out
+    assert _cli("reload", "-c", str(sup.config_path)).stdout.startswith(
+        "reloaded: no changes")  # nothing changed since
     with Client(endpoint, timeout=2, **stranger) as client, pytest.raises(NoReply):
         client.infer("m", X)
     with Client(endpoint, timeout=10, server_key=str(keys / "server.key"),
@@ -378,6 +405,76 @@ def test_a_runtime_dir_that_cannot_be_created_is_one_clear_error(workdir: Path) 
     assert f"is not a directory ({workdir / 'file'})" in error and "File exists" not in error
 
 
+def test_a_shared_runtime_dir_is_never_changed_and_the_cli_still_finds_the_daemon(
+        workdir: Path) -> None:
+    """`runtime_dir: /tmp`, as it were: mode 1777, another user's file in it. The daemon
+    keeps its sockets in a directory of its own inside it; the shared one keeps its mode and
+    owner through a start, a clean stop and a failed start; `status` finds the sockets."""
+    shared = workdir / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.chown(shared, NOBODY, NOBODY)
+    (shared / "theirs").write_text("another user's file")
+    before = os.stat(shared)
+    config = {"supervisor": {"runtime_dir": str(shared)}, "models": {"m": echo_model(1)}}
+    sup = start_supervisor(config, workdir)
+    try:
+        sup = dataclasses.replace(sup, runtime_dir=shared / "tfsupervisor")
+        sup.wait_ready()
+        with sup.client() as client:
+            assert client.infer("m", X)["x"].shape == (1, 4)
+        out = _cli("status", "-c", str(sup.config_path), "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["models"]["m"], out.stderr
+        assert stat.S_IMODE(os.stat(shared / "tfsupervisor").st_mode) == 0o750
+        assert sup.stop() == 0
+    finally:
+        sup.stop()
+    after = os.stat(shared)
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == \
+        (stat.S_IMODE(before.st_mode), before.st_uid, before.st_gid) == (0o1777, NOBODY, NOBODY)
+    # A failed start (the metrics port taken): the shared directory untouched still, and
+    # the daemon's own directory, made by this start, gone.
+    shutil.rmtree(shared / "tfsupervisor")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = _run(workdir, {"supervisor": {"runtime_dir": str(shared),
+                                            "metrics": f"127.0.0.1:{taken.getsockname()[1]}"},
+                             "models": {"m": echo_model(1)}})
+    _one_failure(out, DaemonExit.ADDRESS_IN_USE)
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+    assert sorted(p.name for p in shared.iterdir()) == ["theirs"]
+
+
+def test_a_runtime_dir_it_cannot_make_private_is_refused_in_one_line(workdir: Path) -> None:
+    shared = workdir / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    squatted = shared / "tfsupervisor"  # another user's, where the daemon's own would go
+    squatted.mkdir()
+    os.chown(squatted, NOBODY, NOBODY)
+    out = _run(workdir, {"supervisor": {"runtime_dir": str(shared)},
+                         "models": {"m": echo_model(1)}})
+    error = _one_failure(out, DaemonExit.RUNTIME_DIR)["error"]
+    assert str(squatted) in error and "another user" in error, error
+    assert list(squatted.iterdir()) == [] and os.stat(squatted).st_uid == NOBODY
+    check = _cli("check", "-c", str(workdir / "config.yaml"))  # `check` agrees with `run`
+    assert check.returncode == 1 and "made by another user" in check.stdout + check.stderr
+    # A directory every user may write to, not sticky, named as the runtime dir itself:
+    # the daemon's own inside it too, never a chmod of it.
+    open_dir = workdir / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    sup = start_supervisor({"supervisor": {"runtime_dir": str(open_dir)},
+                            "models": {"m": echo_model(1)}}, workdir)
+    try:
+        sup = dataclasses.replace(sup, runtime_dir=open_dir / "tfsupervisor")
+        sup.wait_ready()
+        assert stat.S_IMODE(os.stat(open_dir).st_mode) == 0o777
+    finally:
+        sup.stop()
+
+
 def test_a_config_that_cannot_be_used_is_one_json_event(workdir: Path) -> None:
     out = _run(workdir, {"supervisor": {"endpoints": ["tcp://0.0.0.0:5555"],
                                         "metrics": "127.0.0.1:99999"},
@@ -425,6 +522,51 @@ def test_readiness_with_a_model_that_cannot_load(supervisor_factory: Any,
         assert status["models"]["broken"]["required"] is False
     with sup.client(timeout=30) as client:
         assert client.infer("good", X)["x"].shape == (1, 4)
+
+
+def test_a_model_whose_only_worker_is_starting_is_not_available(supervisor_factory: Any) -> None:
+    """`status` said "available" while the model's only worker was still loading."""
+    sup = supervisor_factory({"models": {"m": echo_model(1, startup_seconds=600)}}, wait=False)
+    status = sup.wait_for(lambda s: [w["state"] for w in s["models"]["m"]["workers"]] ==
+                          ["starting"], what="its worker starting")
+    assert status["models"]["m"]["available"] is False
+    assert status["models"]["m"]["last_error"] is None
+    out = _cli("status", "-c", str(sup.config_path))
+    assert "STARTING: no worker ready yet" in out.stdout and "available" not in out.stdout, \
+        out.stdout
+
+
+def test_a_handlers_own_exit_while_serving_is_not_called_a_load_error(
+        supervisor_factory: Any) -> None:
+    sup = supervisor_factory({"models": {"m": echo_model(1, exit_on=-3.0, exit_code=3)}})
+    with sup.client(timeout=30) as client, pytest.raises(JobError):
+        client.infer("m", {"x": np.full((1, 4), -3.0, np.float32)})
+    status = sup.wait_for(lambda s: s["models"]["m"]["last_unexpected_exit"] is not None,
+                          what="the exit recorded")
+    told = status["models"]["m"]["last_unexpected_exit"]["exit"]
+    assert told.startswith("exit 3 (while serving") and "LOAD_ERROR" not in told, told
+    died = [e for e in _events(sup.log()) if e["event"] == "worker_died"]
+    assert died and "LOAD_ERROR" not in died[0]["exit"], died
+
+
+def test_a_models_last_error_names_the_worker_that_failed_last(supervisor_factory: Any) -> None:
+    """Workers that exit 3 while loading without a word: each failure is its own, not the
+    first one's message again (which named the first worker)."""
+    sup = supervisor_factory({"models": {"m": echo_model(1, startup_exit=3)}}, wait=False)
+
+    def failed() -> list[dict[str, Any]]:
+        return [e for e in _events(sup.log()) if e["event"] == "worker_boot_failed"]
+
+    sup.wait_for(lambda s: len(failed()) >= 3, what="three workers failed to load")
+    events = failed()
+    assert len({e["worker"] for e in events}) == len(events)
+    for event in events:
+        assert f"worker {event['worker']} exited before ready" in event["error"], events
+    before = failed()
+    error = sup.status()["models"]["m"]["last_error"]
+    recent = [e["worker"] for e in failed()[len(before) - 1:]]  # the last, or a newer one
+    assert any(error.startswith(f"worker {w} exited before ready") for w in recent), \
+        (error, recent)
 
 
 # --- check -------------------------------------------------------------------------------------

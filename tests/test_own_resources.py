@@ -216,6 +216,30 @@ def test_a_full_log_disk_drops_lines_and_says_so_when_there_is_room_again() -> N
             sup.stop()
 
 
+def test_a_start_on_a_full_file_system_leaves_nothing_behind() -> None:
+    """The lock file cannot take its pid (ENOSPC): one error, and neither an empty
+    supervisor.pid nor the run/ directory this start made is left (the docs promise that a
+    failed start removes what it created)."""
+    assert os.geteuid() == 0, "mounts a tmpfs: run as root (CI does)"
+    workdir = short_tmpdir()
+    with tmpfs("64k") as disk:
+        with open(disk / "filler", "wb", buffering=0) as filler, \
+                contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        config_path = workdir / "config.yaml"
+        config_path.write_text(yaml.safe_dump({**CONFIG, "supervisor": {
+            "runtime_dir": str(disk / "run")}}))
+        out = subprocess.run([sys.executable, "-m", "supervisor", "run", "-c",
+                              str(config_path), "--log-format", "json"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 5, out.stderr  # DaemonExit.RUNTIME_DIR
+        failed = [json.loads(line) for line in out.stderr.splitlines()
+                  if '"supervisor_start_failed"' in line]
+        assert len(failed) == 1 and "No space left" in failed[0]["error"], out.stderr
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"]
+
+
 def test_a_log_line_is_written_once_and_never_retried(tmp_path: Path) -> None:
     """The sink in-process, on a pipe whose reader has gone: one write per line (no loop),
     no exception, the loss counted and told on the next line that gets through."""

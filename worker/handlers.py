@@ -2,9 +2,11 @@
 
 Each is a factory ``f(options) -> callable``. Options common to all:
   ``inputs``: {name: {dtype, shape}} declared to the supervisor (default x: float32[None, 4]);
-  ``startup_seconds``: time spent loading, as a real model takes (default 0).
+  ``startup_seconds``: time spent loading, as a real model takes (default 0);
+  ``startup_exit``: then os._exit with that status, saying nothing (default: none).
 Markers let a test ask one job to misbehave: a first element equal to ``crash_on`` kills the
-worker, ``hang_on`` hangs it (native-style, ignoring SIGTERM), ``sleep_on`` sleeps
+worker, ``exit_on`` ends it with os._exit(``exit_code``) as a handler of its own might,
+``hang_on`` hangs it (native-style, ignoring SIGTERM), ``sleep_on`` sleeps
 ``sleep_seconds`` before answering.
 """
 
@@ -35,14 +37,19 @@ class Echo:
         self.inputs = _specs(options)
         self.outputs = None
         self.crash_on = options.get("crash_on")
+        self.exit_on = options.get("exit_on")  # os._exit(exit_code), as a handler may
+        self.exit_code = int(options.get("exit_code", 1))
         self.hang_on = options.get("hang_on")
         self.sleep_on = options.get("sleep_on")
         self.sleep_seconds = float(options.get("sleep_seconds", 0.0))
         self.delay = float(options.get("delay", 0.0))
         self.recycle_after = options.get("recycle_after")  # calls, then request_recycle()
         self.calls = 0
-        self.marked = any(m is not None for m in (self.crash_on, self.hang_on, self.sleep_on))
+        self.marked = any(m is not None for m in (self.crash_on, self.hang_on, self.sleep_on,
+                                                  self.exit_on))
         time.sleep(float(options.get("startup_seconds", 0.0)))
+        if options.get("startup_exit") is not None:  # a model that ends its own loading
+            os._exit(int(options["startup_exit"]))
 
     def __call__(self, inputs: Arrays) -> Arrays:
         if self.marked:  # reading the markers is most of an echo's cost: only when asked
@@ -60,6 +67,8 @@ class Echo:
     def _drill(self, markers: set[float]) -> None:
         if self.crash_on in markers:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.exit_on in markers:
+            os._exit(self.exit_code)
         if self.hang_on in markers:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             while True:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 
 from supervisor.cli.argtypes import MAX_BATCH, batch_rows, timeout_seconds, wait_seconds
 from supervisor.cli.outcome import REFUSALS, CliExit, is_unknown_model, no_such_model
-from supervisor.cli.render import render_explain, render_status
+from supervisor.cli.render import render_explain, render_status, render_top
 from supervisor.config.keys import Config, SupervisorSection
 from supervisor.config.loading import (
     ControlEndpoints,
@@ -411,15 +412,19 @@ def cmd_top(args: argparse.Namespace) -> int:
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""  # piped: one screen after another
     try:
         while not quit_.asked:
+            # The terminal's size at each frame ($COLUMNS/$LINES first): the frame fits it.
+            # Piped, with no size given, there is no terminal to fit: nothing is cut.
+            columns, rows = shutil.get_terminal_size() if sys.stdout.isatty() or \
+                {"COLUMNS", "LINES"} & os.environ.keys() else (10**6, 10**6)
             try:
                 report = control(endpoint, "status", timeout=args.interval + 5,
                                  **_curve_args(args))
-                screen = render_status(report)
+                screen = "\n".join(render_top(report, columns, rows - 3, args.model))
             except JobError as exc:
                 screen = f"error: {exc}"
             stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write(f"{clear}tfsupervisor top — {endpoint} — "
-                             f"{stamp} (Ctrl-C quits)\n\n{screen}\n")
+            title = f"tfsupervisor top — {endpoint} — {stamp} (Ctrl-C quits)"
+            sys.stdout.write(f"{clear}{title[:max(columns - 1, 10)]}\n\n{screen}\n")
             sys.stdout.flush()
             if not quit_.asked:
                 time.sleep(args.interval)
@@ -687,6 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     top = add("top", cmd_top, "Status, refreshed until Ctrl-C.")
     top.add_argument("--interval", type=timeout_seconds, default=1.0,
                      help="seconds between refreshes")
+    top.add_argument("--model", metavar="NAME", help="that model's workers in full (the "
+                     "frame fits the terminal: a line per model otherwise)")
     explain = add("explain", cmd_explain, "Why a model's workers grow: per worker, the "
                   "suspected cause and its remedy, the probes' trends, the input shapes and "
                   "Python types that grew it.")

@@ -212,6 +212,8 @@ def _runtime_dir(path: Path) -> list[Finding]:
         existing = existing.parent
     if not existing.is_dir():
         return [Finding(True, "supervisor.runtime_dir", f"{existing} is not a directory")]
+    if (problem := security.runtime_dir_problem(path)) is not None:  # as `run` refuses it
+        return [Finding(True, "supervisor.runtime_dir", problem)]
     if not os.access(existing, os.W_OK | os.X_OK):
         verb = "is not writable" if existing == path else \
             f"cannot be created: {existing} is not writable"

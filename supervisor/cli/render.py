@@ -32,6 +32,72 @@ def render_status(report: dict[str, Any]) -> str:
                       *_http_lines(report.get("http")), *([budget] if budget else [])])
 
 
+def render_top(report: dict[str, Any], columns: int, rows: int,
+               model: str | None = None) -> list[str]:
+    """`top`'s frame, fitted to a terminal of ``columns`` x ``rows``: a summary first, then
+    what needs attention, then a line per model (those in trouble first) as far as there is
+    room, and how to see the rest; ``model``: that model's workers in full instead. With 50
+    models it printed `status` whole, 104 lines of up to 250 characters, every second."""
+    if model is not None:
+        if model not in report["models"]:
+            lines = [f"no model named {model!r} (served: {', '.join(sorted(report['models']))})"]
+        else:
+            lines = render_status({**report, "models": {model: report["models"][model]}}
+                                  ).splitlines()
+        return _fit(lines, columns, rows, "… more: `tfsupervisor status --model "
+                                          f"{model}` shows it all")
+    models = report["models"]
+    workers = [w for m in models.values() for w in m["workers"]]
+    starting = [n for n, m in models.items() if not m["available"] and not m["last_error"]]
+    down = [n for n, m in models.items() if not m["available"] and m["last_error"]]
+    head = [f"{len(models)} models: {len(models) - len(starting) - len(down)} available, "
+            f"{len(starting)} starting, {len(down)} UNAVAILABLE; workers "
+            f"{sum(w['state'] == 'ready' for w in workers)}/"
+            f"{sum(m['configured_workers'] for m in models.values())} ready; queued "
+            f"{sum(m['queued'] for m in models.values())}, in flight "
+            f"{sum(m['in_flight'] for m in models.values())}"]
+    if report.get("stopping"):
+        head.append("STOPPING: draining (new jobs get shutting_down)")
+    budget = _budget_line(report.get("memory_budget"))
+    head += [*_supervisor_notes(report.get("supervisor")), *_http_lines(report.get("http")),
+             *([budget] if budget else [])]
+    table = [("MODEL", "READY", "QUEUED", "IN FLIGHT", "MEMORY", "GROWTH/H", "RECYCLES",
+              "STATE")]
+    for name, m in sorted(models.items(), key=lambda item: (not _trouble(item[1]), item[0])):
+        memories = [w["memory"] for w in m["workers"] if w.get("memory") is not None]
+        growths = [w["growth_per_hour"] for w in m["workers"]
+                   if w.get("growth_per_hour") is not None]
+        table.append((name, f"{sum(w['state'] == 'ready' for w in m['workers'])}/"
+                      f"{m['configured_workers']}", str(m["queued"]), str(m["in_flight"]),
+                      format_size(max(memories)) if memories else "-",
+                      _signed(max(growths)) if growths else "-",
+                      str(sum(m["recycles"].values())),
+                      _model_note(name, m, bool(report.get("stopping")))
+                      .removeprefix(f"{name}: ").split("; queued")[0]))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = [*head, "", *("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+                          .rstrip() for r in table)]
+    return _fit(lines, columns, rows, "… {hidden} more models: `tfsupervisor status` shows "
+                                      "all, `top --model NAME` one in full")
+
+
+def _trouble(model: dict[str, Any]) -> bool:
+    return not model["available"] or bool(model.get("failing_to_start")) or \
+        bool(model.get("recycles_held_back")) or bool(model.get("policy_too_tight")) or \
+        any(w.get("over_limits") for w in model["workers"])
+
+
+def _fit(lines: list[str], columns: int, rows: int, more: str) -> list[str]:
+    """At most ``rows`` lines of fewer than ``columns`` characters (a full line wraps on
+    some terminals); the last says what was left out."""
+    width = max(columns - 1, 10)
+    cut = [line if len(line) <= width else line[:width - 1] + "…" for line in lines]
+    if len(cut) <= rows:
+        return cut
+    keep = max(rows - 1, 0)
+    return [*cut[:keep], more.format(hidden=len(cut) - keep)[:width]]
+
+
 def _http_lines(http: dict[str, Any] | None) -> list[str]:
     """One line for the HTTP fronts: how many run, and what the restarts were."""
     if not http:
@@ -110,7 +176,9 @@ def _worker_note(w: dict[str, Any], limits: dict[str, int]) -> str:
 
 def _model_note(name: str, model: dict[str, Any], stopping: bool = False) -> str:
     recycles = ", ".join(f"{k}={v}" for k, v in sorted(model["recycles"].items())) or "none"
-    state = "available" if model["available"] else f"UNAVAILABLE: {model['last_error']}"
+    state = "available" if model["available"] else \
+        f"UNAVAILABLE: {model['last_error']}" if model.get("last_error") else \
+        "STARTING: no worker ready yet (its jobs wait in the queue)"
     if stopping:  # its workers finish what they have; it takes nothing new
         state = "DRAINING (the supervisor is stopping)"
     if model["available"] and model.get("failing_to_start"):  # old workers serve on

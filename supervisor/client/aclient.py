@@ -56,8 +56,7 @@ SEND_RETRY = 0.005
 
 # Calls' deadlines are kept in slots of this many seconds, one timer per slot expiring the
 # calls still waiting in it, not a timer per call (whose heap work was an eighth of this
-# client's CPU at 15,000 calls/s). A call expires at most one slot late: within the 100 ms
-# that reply_wait allows beyond the job's own timeout.
+# client's CPU at 15,000 calls/s). A call expires at most one slot late.
 SLOT = 0.01
 
 

@@ -69,6 +69,7 @@ class Attempt:
         self.retry_unanswered = retry_unanswered
         self.timeout = timeout
         self.deadline = deadline if deadline is not None else time.monotonic() + timeout
+        self.started = self.deadline - timeout
         self.tried: list[str] = []
         self.last: Message | None = None  # the latest refusal
         self.unreached = 0  # endpoints of this round with no connection (not_sent)
@@ -99,7 +100,8 @@ class Attempt:
                           "may have run (retry_unanswered is off)")
 
     def silent(self, endpoint: str) -> NoReply:
-        return NoReply(f"no reply from {endpoint} within {self.timeout:g}s")
+        return NoReply(f"no reply from {endpoint} within {self.timeout:g}s: the job was sent, "
+                       "so it may have run (or may still)")
 
     def answered(self, endpoint: str, reply: Message) -> bool:
         """Whether ``reply`` is the job's answer; False for a refusal, to try elsewhere."""
@@ -113,5 +115,7 @@ class Attempt:
         """After every endpoint was tried: the last refusal, or NoReply."""
         if self.last is not None:
             return self.last
+        spent = time.monotonic() - self.started
         raise NoReply(f"no supervisor reachable at {', '.join(self.rotation.endpoints)} "
-                      f"within {self.timeout:g}s")
+                      f"(no connection in {spent:.2g}s of the {self.timeout:g}s timeout): "
+                      "the job was never sent, so it did not run")

@@ -36,6 +36,9 @@ from supervisor.shared.protocol import MAX_BATCH_JOBS, MAX_NAME, MAX_NDIM
 # The backend socket lives in this subdirectory of the runtime dir, which only the service
 # user may enter: clients share the runtime dir's group, workers are the supervisor's own.
 PRIVATE_DIR = "private"
+# A runtime_dir every user may write to (/tmp, mode 1777) is not the daemon's to change: its
+# sockets go in this subdirectory of it, which it makes (0750) and owns.
+OWN_DIR = "tfsupervisor"
 # ipc:// paths are limited by sockaddr_un (108 bytes including the terminating NUL).
 MAX_IPC_PATH = 107
 # The longest a padded dimension may be, and the most shapes a worker warms up (batch sizes
@@ -495,7 +498,9 @@ class SupervisorSection:
         "enter the runtime dir (socket_group).")
     runtime_dir: str | None = setting(
         Optional(Str()), None, "Directory for ipc sockets; default $RUNTIME_DIRECTORY, "
-        "else ./run beside the config file.")
+        "else ./run beside the config file. Never changed when it exists already; one every "
+        "user may write to (like /tmp) holds the sockets in a `tfsupervisor` directory of "
+        "the daemon's own inside it.")
     poll_interval: float = setting(
         Duration(MIN_POLL_INTERVAL), 1.0, "How often worker memory is sampled and policies "
         "evaluated (at least 50ms: each poll reads every worker's /proc files).")

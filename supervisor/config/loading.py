@@ -17,6 +17,7 @@ import yaml
 
 from supervisor.config.keys import (
     MAX_IPC_PATH,
+    OWN_DIR,
     PRIVATE_DIR,
     BatchingConfig,
     Config,
@@ -37,6 +38,7 @@ from supervisor.config.settings import (
     parse_section,
     section_schema,
 )
+from supervisor.config.units import format_size
 from supervisor.config.worker_spec import ENV_VAR, SpawnError, check_options
 
 # A config file larger than this is not a config file (and is not read whole into memory):
@@ -62,7 +64,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigErrors([ConfigError("", f"cannot read {file}: {exc.strerror}")]) from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigErrors([ConfigError("", f"{file} is larger than "
-                                        f"{MAX_CONFIG_BYTES // 1024**2} MiB: not a config file")])
+                                        f"{format_size(MAX_CONFIG_BYTES)}: not a config file")])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -329,12 +331,28 @@ def _resolve_paths(model: ModelConfig, base: Path) -> ModelConfig:
 
 def _runtime_dir(configured: str | None, base: Path) -> Path:
     if configured:
-        return (base / configured).resolve()
+        return _own_dir((base / configured).resolve())
     env = os.environ.get("RUNTIME_DIRECTORY")
     if env:
         # systemd may list several directories separated by ':'; the first is ours.
-        return Path(env.split(":")[0])
-    return base / "run"
+        return _own_dir(Path(env.split(":")[0]))
+    return _own_dir(base / "run")
+
+
+def shared_dir(path: Path) -> bool:
+    """A directory every user may write to (or sticky, like /tmp): not the daemon's."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISDIR(mode) and bool(mode & (stat.S_IWOTH | stat.S_ISVTX))
+
+
+def _own_dir(path: Path) -> Path:
+    """Where the sockets go: ``path``, or a directory of the daemon's own inside it when
+    ``path`` is shared. Decided from the directory alone, so the daemon and the CLI (run
+    by another user) agree."""
+    return path / OWN_DIR if shared_dir(path) else path
 
 
 def _substitute(sup: SupervisorSection, runtime_dir: Path) -> SupervisorSection:

@@ -240,7 +240,8 @@ class Core:
         worker = self.pool.workers.get(worker_id)
         if worker is not None:
             if error is not None and self.pool.of_current_settings(worker):
-                self.pool.models[worker.model].last_error = error[:MAX_WORKER_TEXT]
+                state = self.pool.models[worker.model]
+                state.last_error, state.last_error_of = error[:MAX_WORKER_TEXT], worker.id
             self.lifecycle.exited(worker, code, now)
             self.dispatch(worker.model, now)
 
@@ -282,6 +283,7 @@ class Core:
         elif msg.kind == ERROR and self.pool.of_current_settings(sender):
             state = self.pool.models[sender.model]
             state.last_error = str(msg.header.get("message"))[:MAX_WORKER_TEXT]
+            state.last_error_of = sender.id
 
     def _stranger(self, identity: bytes, msg: Message, now: float) -> None:
         """A backend message without its worker's spawn secret: dropped, and logged at most

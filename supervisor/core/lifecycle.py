@@ -107,7 +107,8 @@ class Lifecycle:
         if not asked and code == WorkerExit.RECYCLE and worker.ready_at is not None:
             worker.reason = Reason.REQUESTED  # an older worker without the leaving flag
             self.pool.count_recycle(worker, Reason.REQUESTED, now)
-        why = f"worker {worker.id} (pid {worker.pid}) exited ({describe_exit(code)}) " \
+        why = f"worker {worker.id} (pid {worker.pid}) exited " \
+              f"({describe_exit(code, worker.ready_at is not None)}) " \
               "with jobs in hand"
         self._lose_jobs(worker, why, worker.reason if asked and worker.reason else Reason.DIED)
         cause = exit_cause(worker.reason, worker.kill_reason, told, worker.ready_at is not None,
@@ -148,7 +149,8 @@ class Lifecycle:
                   cause: ExitCause) -> None:
         state = self.pool.models[worker.model]
         fields: dict[str, Any] = {"model": worker.model, "worker": worker.id, "pid": worker.pid,
-                                  "slot": worker.slot, "exit": describe_exit(code),
+                                  "slot": worker.slot,
+                                  "exit": describe_exit(code, worker.ready_at is not None),
                                   "cause": cause.value, "jobs": worker.jobs,
                                   "age_seconds": round(now - worker.started_at, 1)}
         if cause is ExitCause.KILLED_EXTERNALLY:
@@ -165,7 +167,10 @@ class Lifecycle:
                 error = _start_timeout_error(worker, self.pool.config.supervisor.start_timeout)
                 delay = max(0.0, state.backoff_until - now)
             else:
-                error = state.last_error if told and state.last_error \
+                # What this worker said (a load error's message), never what an earlier
+                # one said: a worker that exits 3 without a word is named itself.
+                error = state.last_error if told and state.last_error and \
+                    state.last_error_of == worker.id \
                     else f"worker {worker.id} exited before ready: {describe_exit(code)}"
                 delay = self.pool.failed_to_serve(worker, now, error)
             log.error("worker_boot_failed", **fields, retry_in_seconds=delay, error=error)

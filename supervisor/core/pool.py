@@ -135,6 +135,7 @@ class ModelState:
     version: int | None = None
     backoff_until: float = 0.0
     last_error: str | None = None
+    last_error_of: str | None = None  # the worker it is about: never told as another's
     # Bumped by every reload that replaces its workers' settings: a worker of an earlier
     # generation that fails says nothing of the settings now in force (reload --wait).
     generation: int = 0
@@ -185,9 +186,10 @@ class Pool:
         return [w for w in self.of_model(model) if w.state is State.READY]
 
     def available(self, model: str) -> bool:
-        """Whether the model can serve: a model whose new workers fail to start is still
-        available while a ready worker of it serves on."""
-        return not self.models[model].unavailable or bool(self.ready(model))
+        """Whether the model serves now: a ready worker of it. Not while its only workers
+        are still starting (`status` said "available" then); a model whose new workers fail
+        to start is still available while a ready worker of it serves on."""
+        return bool(self.ready(model))
 
     def serving_slots(self, model: str) -> int:
         """Workers that count towards the configured number: starting or ready, not leaving."""
@@ -268,7 +270,7 @@ class Pool:
         state.failures += 1
         delay = min(MAX_BACKOFF, 2.0 ** (state.failures - 1))
         state.backoff_until = now + delay
-        state.last_error = error
+        state.last_error, state.last_error_of = error, worker.id
         return delay
 
     def mark_ready(self, worker: WorkerHandle, header: dict[str, Any], now: float) -> None:
@@ -317,6 +319,7 @@ class Pool:
                 str(worker.reason) if worker.reason else cause.value, worker.jobs,
                 worker.history))
         if not cause.expected:
+            served = worker.ready_at is not None
             state.last_unexpected_exit = {"cause": cause.value, "worker": worker.id,
                                           "pid": worker.pid, "slot": worker.slot,
-                                          "exit": describe_exit(code), "at": now}
+                                          "exit": describe_exit(code, served), "at": now}

@@ -22,19 +22,32 @@ Answer = Callable[[dict[str, Any]], None]
 
 # Commands that change what the daemon does; the status endpoint refuses them.
 ADMIN_COMMANDS = ("recycle", "reload")
+# A status is built (~378 µs of the loop with a few models) at most once per loop turn and
+# reused by every status in that turn; while the status endpoint is saturated (requests
+# waited their turn in the last second: pacing.py), for this long too, so that a flood
+# costs the loop their reading and sending, not a status each. An admin command starts anew.
+STATUS_FRESH = 0.1
 
 
 class Controller:
     def __init__(self, core: Core, reload: Callable[[Answer], None],
                  serving: Callable[[], bool], ready: Callable[[], bool],
                  resources: Callable[[], dict[str, Any]] = dict,
-                 fronts: Callable[[], list[dict[str, Any]] | None] = lambda: None) -> None:
+                 fronts: Callable[[], list[dict[str, Any]] | None] = lambda: None,
+                 turn: Callable[[], float] = lambda: 0.0,
+                 paced: Callable[[], dict[str, Any] | None] = lambda: None,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.core = core
         self.fronts = fronts  # the HTTP front processes (None: no http.listen)
         self.resources = resources  # the daemon's own: log lines dropped, descriptors
         self.reload = reload
         self.serving = serving  # past start-up (READY=1 sent) and not stopping
         self.ready = ready  # serving, and every required model has a ready worker now
+        self.turn = turn  # when the loop's current turn began: one status per turn at most
+        self.paced = paced  # the control endpoint's pacing (pacing.py), shown in status
+        self.busy = busy  # status requests wait their turn lately: answers shared longer
+        # the status published last: when, in which turn, and the answer itself
+        self.published: tuple[float, float, dict[str, Any]] | None = None
 
     def handle(self, header: dict[str, Any], now: float, admin: bool,
                answer: Answer) -> dict[str, Any] | None:
@@ -43,7 +56,9 @@ class Controller:
         one that may change the service."""
         command = header.get("command")
         if command == "status":
-            return {"ok": True, "result": self.status(now)}
+            return self.snapshot(now)
+        if admin and command in ADMIN_COMMANDS:
+            self.published = None  # what it changes shows in the next status
         if command in ADMIN_COMMANDS and not admin:
             return {"ok": False, "error": f"{command!r} changes the service: send it to the "
                     "admin endpoint (supervisor.admin), which only the service user, "
@@ -58,7 +73,10 @@ class Controller:
         if command == "recycle":
             return self.recycle(header.get("model"), header.get("worker"))
         if command == "reload":
-            self.reload(answer)
+            def done(result: dict[str, Any]) -> None:
+                self.published = None
+                answer(result)
+            self.reload(done)
             return None
         return {"ok": False, "error": f"unknown command {str(command)[:64]!r}; known: status, "
                 "explain, tune, recycle, reload"}
@@ -132,6 +150,19 @@ class Controller:
             return {"ok": False, "error": str(exc.args[0])}
         return {"ok": True, "result": {"scheduled": scheduled}}
 
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The status answer published in this loop turn (or, while the endpoint is
+        saturated, in the last STATUS_FRESH seconds); else a new one, published. The same
+        object each time it is reused (the daemon keeps its encoding beside it)."""
+        turn = self.turn()
+        if self.published is not None:
+            at, its_turn, answer = self.published
+            if its_turn == turn or (now - at < STATUS_FRESH and self.busy()):
+                return answer
+        answer = {"ok": True, "result": self.status(now)}
+        self.published = (now, turn, answer)
+        return answer
+
     def status(self, now: float) -> dict[str, Any]:
         pool, router = self.core.pool, self.core.router
         models = {}
@@ -171,7 +202,7 @@ class Controller:
                     self.core.config.supervisor.min_available_memory),
                 # the file a reload re-reads (`reload -c` another file names it)
                 "config": _config_file(self.core.config.path),
-                "supervisor": self.resources(),
+                "supervisor": {**self.resources(), "control_paced": self.paced()},
                 "http": self._http()}
 
     def _http(self) -> dict[str, Any] | None:

@@ -13,8 +13,9 @@ the loop acts on it. Every other thread is listed here with exactly what it may 
   into the loop; ``Gate.close`` stops it.
 - http-listener (daemon/listener.py), when supervisor.metrics is set, until ``_close``:
   owns its HTTP connections; reads only what the loop publishes whole (the metrics
-  snapshot, ``Health``'s fields, the tallies it copies), prometheus_client's own
-  thread-safe metrics and ``Gate.counts``. It never calls into the loop.
+  snapshot, ``Health``'s fields, the tallies it copies, ``Pacer``'s two counts),
+  prometheus_client's own thread-safe metrics and ``Gate.counts``. It never calls into the
+  loop.
 - off-loop tasks (daemon/offloop.py, ``self.offloop``): one thread per blocking read, each
   with a deadline: a reload's config and key reads (config-read, keys-read:
   daemon/reloader.py) and the code fingerprints (code-check: daemon/codewatch.py). Each
@@ -66,6 +67,7 @@ from supervisor.daemon.fronts import EXIT_GRACE, Fronts
 from supervisor.daemon.instance_lock import AlreadyRunning, InstanceLock
 from supervisor.daemon.monitor import Monitor
 from supervisor.daemon.offloop import OffLoop
+from supervisor.daemon.pacing import Pacer
 from supervisor.daemon.reloader import Answer, Outcome, Read, Reloader
 from supervisor.daemon.reporting import Reporter
 from supervisor.daemon.resources import Resources
@@ -85,6 +87,7 @@ from supervisor.shared.protocol import (
     ProtocolError,
     decode,
     encode,
+    frame_bytes,
     pack_job,
     split_envelope,
 )
@@ -128,6 +131,7 @@ class Daemon:
         self.control = self.context.socket(zmq.ROUTER)  # status: read-only
         self.admin = self.context.socket(zmq.ROUTER)  # recycle, reload: its own access
         self.bound: list[Path] = []  # ipc socket files this daemon created
+        self.made: list[Path] = []  # directories it made for them, deepest last
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
         self.cgroup = CgroupReader()  # the container's memory budget, read every poll
@@ -143,12 +147,17 @@ class Daemon:
         self.fronts: Fronts | None = None  # the HTTP front processes, when http.listen is set
         self.fronts_deadline: float | None = None  # after the drain: fronts get until then
         self.front_key: tuple[bytes, Path] | None = None  # their CURVE pair, under curve
+        self.pacer = Pacer(clock)  # what one connection may ask of the status endpoint
+        self.reporter.metrics.registry.register(self.pacer)
         self.controller = Controller(
             self.core, self.reload,
             serving=lambda: self.reporter.serving and self.core.shutdown_started is None,
             ready=lambda: self.reporter.ready_now(self.core.shutdown_started is not None),
             resources=self.resources.facts,
-            fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None)
+            fronts=lambda: self.fronts.facts(self.clock()) if self.fronts else None,
+            turn=lambda: self.turn_started, paced=self.pacer.facts,
+            busy=self.pacer.saturated)
+        self.status_frames: tuple[dict[str, Any], list[Frame]] | None = None  # encoded once
         self.signals = SignalInbox()
         self.failures = Failures()  # what the loop survives, logged without flooding
         self.offloop = OffLoop(self.signals.wake, clock)  # blocking reads, with deadlines
@@ -173,11 +182,15 @@ class Daemon:
         with startup.step("admin_group"):
             admin_gid = security.group_id("admin_group", sup.admin_group)
         with startup.step(f"runtime dir {runtime}", runtime_dir=True):
-            security.prepare_runtime_dir(runtime, gid)
+            # systemd's RuntimeDirectory=, made for this service: socket_group still applies
+            service_dir = str(runtime) == os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+            self.made += security.prepare_runtime_dir(runtime, gid, service_dir)
             self.instance.acquire()  # before any socket: never take over a live daemon's
             self._reap_leftovers(runtime)
             private = Path(self.config.backend[len("ipc://"):]).parent
-            private.mkdir(mode=0o700, exist_ok=True)
+            if not private.exists():
+                private.mkdir(mode=0o700)
+                self.made.append(private)
             os.chmod(private, 0o700)  # workers only: clients share the runtime dir's group
         self.frontend.setsockopt(zmq.MAXMSGSIZE, sup.max_message_size)
         # What ZeroMQ buffers before admission counts against memory too: a few messages per
@@ -307,6 +320,10 @@ class Daemon:
                     self._guarded("requests_failed", self._read_requests)
                 if self.control in ready:
                     self._drain(self.control, self._on_control)
+                if self.pacer.held:  # requests that waited for their connection's turn
+                    for frames in self.pacer.due():
+                        self._guarded("control_failed", partial(
+                            self._command, self.control, frames, False))
                 if self.admin in ready:
                     self._drain(self.admin, self._on_admin)
                 if self.zap is not None and self.zap.zap_socket in ready:
@@ -362,6 +379,9 @@ class Daemon:
             log.error("supervisor_start_failed", error=message, exit_code=int(code))
         with contextlib.suppress(Exception):
             self._close()
+        for path in reversed(self.made):  # what this start made, if nothing else is in it
+            with contextlib.suppress(OSError):
+                path.rmdir()
         return code
 
     def _guarded(self, event: str, step: Callable[[], None]) -> None:
@@ -383,6 +403,8 @@ class Daemon:
         wake = min(wake, self.core.queue_wake(now, self.next_housekeeping))
         if (read_deadline := self.reloader.next_deadline()) is not None:
             wake = min(wake, max(read_deadline, self.next_housekeeping))
+        if (paced := self.pacer.next_due()) is not None:
+            wake = min(wake, paced)
         return max(0, int((wake - now) * 1000) + 1)
 
     def _drain(self, sock: zmq.Socket[bytes], handler: Callable[[list[Frame]], None]) -> None:
@@ -586,7 +608,16 @@ class Daemon:
         self.core.worker_message(identity, frames[1:], self.clock())
 
     def _on_control(self, frames: list[Frame]) -> None:
-        self._command(self.control, frames, admin=False)
+        """Paced per connection (pacing.py): now, later, or refused in so many words."""
+        outcome = self.pacer.admit(frame_bytes(frames[0]) if frames else b"", frames)
+        if outcome == "now":
+            self._command(self.control, frames, admin=False)
+        elif outcome == "refused":
+            envelope, _ = split_envelope(frames)
+            send(self.control, [*envelope, *encode(Message(CONTROL, b"", {
+                "ok": False, "error": "too many requests waiting on this connection to the "
+                f"status endpoint (at most {self.pacer.facts()['limit']}): wait for the "
+                "answers before asking again"}))])
 
     def _on_admin(self, frames: list[Frame]) -> None:
         self._command(self.admin, frames, admin=True)
@@ -595,7 +626,13 @@ class Daemon:
         envelope, body = split_envelope(frames)
 
         def answer(result: dict[str, Any]) -> None:  # now, or when a reload is done
-            send(sock, [*envelope, *encode(Message(CONTROL, b"", result))])
+            if self.status_frames is not None and self.status_frames[0] is result:
+                out = self.status_frames[1]  # a published status: encoded once
+            else:
+                out = encode(Message(CONTROL, b"", result))
+                if result is (self.controller.published or (0, 0, None))[2]:
+                    self.status_frames = (result, out)
+            send(sock, [*envelope, *out])
 
         try:
             msg = decode(body)
@@ -653,7 +690,8 @@ class Daemon:
         """What a finished read found, applied in place: the keys whatever the config file
         holds (a removal always applies), then the config if it validated."""
         read = outcome.read
-        note = self._install_keys(read)  # read before the config, even if that then hung
+        note, keys_changed = self._install_keys(read)  # read before the config, even if
+        # that then hung
         if outcome.timed_out:
             what = f"reading {read.path}" if read.reading is None else \
                 f"the code fingerprint (reading {read.reading}, named by the config)"
@@ -674,29 +712,32 @@ class Daemon:
         self.config = self.core.config
         self._keep_reserve()
         self.reporter.notifier.ready(self.reporter.summary(self.clock(), False))
-        log.info("config_reloaded", path=str(read.path), **changes.summary())
+        summary = changes.summary()
+        if keys_changed:  # keys alone changed: a reload that did something all the same
+            summary["client_keys"] = keys_changed
+        log.info("config_reloaded", path=str(read.path), **summary)
         self._check_budget()
         if changes.restart_required:
             log.warning("restart_required", settings=changes.restart_required,
                         hint="these settings bind sockets; they take effect on restart")
-        summary = changes.summary()
         if read.keys is not None and read.keys[1]:
             summary["key_problems"] = read.keys[1]
         return {"ok": True, "result": summary}
 
-    def _install_keys(self, read: Read) -> str:
+    def _install_keys(self, read: Read) -> tuple[str, list[str]]:
         """The client keys the read found, installed; a note for a rejected reload's
-        answer when some were skipped."""
+        answer when some were skipped, and what changed in the admitted keys."""
         if self.zap is None or read.keys is None:
-            return ""
+            return "", []
         keys, problems = read.keys
-        security.install_clients(self.zap, security.with_front(keys, self._front_public()))
+        changed = security.install_clients(self.zap, security.with_front(
+            keys, self._front_public()))
         if not problems:
-            return ""
+            return "", changed
         log.error("curve_keys_skipped", problems=problems,
                   hint="the keys that could be read apply; fix or remove the others")
         return ("\nclient keys re-read all the same (a removed key is never kept); skipped:\n"
-                + "\n".join(problems))
+                + "\n".join(problems)), changed
 
     def _code_at_start(self) -> None:
         """What the first workers start from: the fingerprints of the models' code, read

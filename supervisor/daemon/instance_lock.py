@@ -38,7 +38,13 @@ class InstanceLock:
             raise AlreadyRunning(f"another supervisor (pid {pid or 'unknown'}) already "
                                  f"serves from {self.path.parent}; stop it first, or give "
                                  "this one another supervisor.runtime_dir") from None
-        _write_pid(fd, os.getpid())
+        try:
+            _write_pid(fd, os.getpid())
+        except OSError:  # a full file system: no empty lock file left behind
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            os.close(fd)
+            raise
         self._fd = fd
 
     @property

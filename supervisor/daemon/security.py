@@ -11,6 +11,7 @@ import errno
 import grp
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import zmq.auth
 from zmq.auth.base import Authenticator
 
 from supervisor.config.keys import CurveConfig
+from supervisor.config.loading import shared_dir
 from supervisor.shared import logs
 from supervisor.shared.certificates import load_certificate
 
@@ -28,6 +30,8 @@ ZAP_DOMAIN = "tfsupervisor"
 # The admin endpoint's own ZAP domain: its key set (curve.admin_clients) is separate, so a
 # client admitted to submit jobs or read status cannot recycle or reload.
 ADMIN_DOMAIN = "tfsupervisor-admin"
+# The setting whose key directory each domain's keys come from.
+_DIRECTORIES = {ZAP_DOMAIN: "authorized_clients", ADMIN_DOMAIN: "admin_clients"}
 # A key directory with more files than this is not a key directory.
 MAX_CLIENT_KEYS = 100_000
 # A public certificate is a few hundred bytes; a larger .key file is not one.
@@ -161,12 +165,24 @@ def with_front(keys: dict[str, dict[bytes, bool]],
     return {**keys, ZAP_DOMAIN: {**keys.get(ZAP_DOMAIN, {}), front: True}}
 
 
-def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> None:
-    """Replace the admitted keys, every domain at once (read them with read_clients)."""
+def install_clients(handler: ZapHandler, keys: dict[str, dict[bytes, bool]]) -> list[str]:
+    """Replace the admitted keys, every domain at once (read them with read_clients); what
+    changed, per key directory ("authorized_clients 4,999 (1 removed)"), for `reload` to
+    say: a changed key set is a change."""
+    before: dict[str, dict[bytes, bool]] = dict(getattr(handler, "certs", {}) or {})
     handler.allow_any = False
     handler.certs = dict(keys)
     for domain, certs in keys.items():
         log.info("curve_clients_loaded", domain=domain, clients=len(certs))
+    changes = []
+    for domain in sorted({*before, *keys}):
+        old, new = set(before.get(domain, {})), set(keys.get(domain, {}))
+        added, removed = len(new - old), len(old - new)
+        if added or removed:
+            what = ", ".join(f"{n:,} {verb}" for n, verb in ((added, "added"),
+                                                             (removed, "removed")) if n)
+            changes.append(f"{_DIRECTORIES.get(domain, domain)} {len(new):,} ({what})")
+    return changes
 
 
 def make_curve_server(sock: zmq.Socket[Any], curve: CurveConfig,
@@ -202,19 +218,58 @@ def group_id(setting: str, group: str | None) -> int | None:
                            "host") from None
 
 
-def prepare_runtime_dir(path: Path, gid: int | None) -> None:
-    """Create the ipc directory, readable by owner and group only. A file where the
-    directory (or one of its parents) should be is named as `check` names it: mkdir's own
-    "File exists" sent the operator looking for a directory that was not there."""
+class RuntimeDirError(Exception):
+    """A runtime dir the daemon cannot make private without changing what is not its own."""
+
+
+def prepare_runtime_dir(path: Path, gid: int | None, service_dir: bool = False) -> list[Path]:
+    """The ipc directory: made here (readable by owner and group only) and returned with
+    every parent made for it, deepest last, so that a failed start can remove them; or,
+    when it exists, taken as it is: the mode and owner of a directory the daemon did not
+    make are never changed (`runtime_dir: /tmp` must not lock other users out of /tmp).
+    One that every user may write to is refused, and so is one in a shared directory (the
+    daemon's own there, config/loading.py _own_dir) that another user made.
+    ``service_dir``: the service manager made it for this service (systemd's
+    RuntimeDirectory=): its group is still set to ``gid`` (socket_group; its mode is left
+    alone). A file where
+    the directory (or one of its parents) should be is named as `check` names it: mkdir's
+    own "File exists" sent the operator looking for a directory that was not there."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "is not a directory", str(existing))
-    path.mkdir(parents=True, exist_ok=True)
+    if existing == path:
+        if (problem := runtime_dir_problem(path)) is not None:
+            raise RuntimeDirError(f"runtime dir {problem}")
+        if service_dir and gid is not None:
+            os.chown(path, -1, gid)
+        return []
+    made = [path]
+    while made[-1].parent != existing:
+        made.append(made[-1].parent)
+    path.mkdir(parents=True)
     if gid is not None:
         os.chown(path, -1, gid)
     os.chmod(path, 0o750)
+    return made[::-1]
+
+
+def runtime_dir_problem(path: Path) -> str | None:
+    """Why an existing runtime dir cannot be the daemon's as it is (None: it can): one every
+    user may write to, or one another user made where every user may make it."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None  # not there: the daemon makes it
+    if info.st_mode & stat.S_IWOTH:
+        return (f"{path}: every user may write to it (mode {stat.S_IMODE(info.st_mode):04o}); "
+                "the daemon does not change a directory it did not make: remove it, or "
+                "choose another supervisor.runtime_dir")
+    if shared_dir(path.parent) and info.st_uid != os.geteuid():
+        return (f"{path}: made by another user (uid {info.st_uid}) in a directory every "
+                "user may write to; remove it, or choose another supervisor.runtime_dir")
+    return None
 
 
 def restrict_socket(endpoint: str, gid: int | None, shared: bool = True) -> None:

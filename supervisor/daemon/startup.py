@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import zmq
 
 from supervisor.daemon.instance_lock import AlreadyRunning
-from supervisor.daemon.security import KeyDirError, UnknownGroup
+from supervisor.daemon.security import KeyDirError, RuntimeDirError, UnknownGroup
 from supervisor.shared.exitcodes import DaemonExit
 
 _ADDRESS_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL)
@@ -39,6 +39,8 @@ def step(what: str, runtime_dir: bool = False) -> Iterator[None]:
         raise StartError(DaemonExit.ALREADY_RUNNING, str(exc)) from None
     except (KeyDirError, UnknownGroup) as exc:
         raise StartError(DaemonExit.CONFIG, str(exc)) from None
+    except RuntimeDirError as exc:
+        raise StartError(DaemonExit.RUNTIME_DIR, str(exc)) from None
     except (zmq.ZMQError, OSError) as exc:
         raise StartError(_os_status(exc, runtime_dir), f"{what}: {_strerror(exc)}") from None
     except ValueError as exc:  # a certificate file without the key it should hold

@@ -19,13 +19,22 @@ class WorkerExit(IntEnum):
     SPAWN_FAILED = 7
 
 
-def describe_exit(returncode: int) -> str:
-    """'exit 3 (LOAD_ERROR)' or 'signal SIGKILL' for a Popen returncode."""
+# Statuses a worker gives itself only before it is ready: after that, one of them is the
+# model's own code exiting (a handler's os._exit(3) mid-serving is no load error).
+BEFORE_READY = (WorkerExit.BOOT_ERROR, WorkerExit.LOAD_ERROR)
+
+
+def describe_exit(returncode: int, served: bool = False) -> str:
+    """'exit 3 (LOAD_ERROR)' or 'signal SIGKILL' for a Popen returncode; ``served``: the
+    worker had been ready, so a status it gives itself only before that is not named."""
     if returncode < 0:
         try:
             return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
             return f"signal {-returncode}"
+    if served and returncode in BEFORE_READY:
+        return f"exit {returncode} (while serving: the model's own code exited, not a " \
+            "load error)"
     try:
         return f"exit {returncode} ({WorkerExit(returncode).name})"
     except ValueError:
