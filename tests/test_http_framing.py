@@ -133,6 +133,17 @@ def answers(raw: bytes) -> list[tuple[int, bytes]]:
     return got
 
 
+def run_with(answer: Any, run: Any) -> FakeTransport:
+    """``run()`` on a fresh event loop, the connection's handler replaced by ``answer``."""
+    original = server.answer
+    server.answer = answer
+    try:
+        transport: FakeTransport = asyncio.run(run())
+    finally:
+        server.answer = original
+    return transport
+
+
 def request_bytes(i: int, body: bytes, chunked: bool, close: bool) -> bytes:
     head = f"POST /echo/{i} HTTP/1.1\r\nHost: x\r\n"
     if close:
@@ -187,12 +198,7 @@ def test_every_request_gets_one_answer_in_order_however_it_is_split(
         conn.connection_lost(None)
         return transport
 
-    original = server.answer
-    server.answer = answer  # type: ignore[assignment]
-    try:
-        transport = asyncio.run(run())
-    finally:
-        server.answer = original
+    transport = run_with(answer, run)
     got = answers(bytes(transport.out))
     if end == "garbage":
         status, error = got.pop()
@@ -222,12 +228,7 @@ def test_a_client_that_takes_no_answer_is_cut_off() -> None:
             await asyncio.sleep(0.01)
         return transport
 
-    original = server.answer
-    server.answer = answer  # type: ignore[assignment]
-    try:
-        transport = asyncio.run(run())
-    finally:
-        server.answer = original
+    transport = run_with(answer, run)
     assert transport.aborted and len(answers(bytes(transport.out))) == 1
 
 
