@@ -36,9 +36,10 @@ ECHO_INPUTS = {"x": {"dtype": "float32", "shape": [None, 4]},
 
 @pytest.fixture(scope="module")
 def sup() -> Iterator[Supervisor]:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     sup = start_supervisor({
-        "supervisor": {"grpc": {"listen": f"127.0.0.1:{port}"}},
+        "supervisor": {"grpc": {"listen": f"127.0.0.1:{port}"},
+                       "metrics": f"127.0.0.1:{metrics_port}"},
         "models": {"echo": echo_model(1, inputs=ECHO_INPUTS, sleep_on=7.0, sleep_seconds=0.5),
                    "any": {"handler": "tests.live_handlers:undeclared", "workers": 1},
                    "broken": {"handler": "tests.live_handlers:big_error", "workers": 1,
@@ -46,6 +47,7 @@ def sup() -> Iterator[Supervisor]:
     try:
         sup.wait_ready()
         sup.port = port  # type: ignore[attr-defined]
+        sup.metrics_port = metrics_port  # type: ignore[attr-defined]
         wait_ready(port)
         yield sup
     finally:
@@ -273,3 +275,21 @@ def test_a_killed_front_is_restarted_and_sigterm_finishes_calls_in_flight() -> N
 
 def client_of_port(port: int) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(f"127.0.0.1:{port}")
+
+
+def test_calls_are_counted_on_the_daemons_metrics(sup: Supervisor) -> None:
+    import urllib.request
+
+    client_of(sup).infer("any", [tensor("x", np.zeros((1, 4), np.float32), "FP32")])
+    with pytest.raises(InferenceServerException):
+        client_of(sup).infer("nope", [tensor("x", np.zeros((1, 4), np.float32), "FP32")])
+    ok = 'tfsupervisor_http_requests_total{code="200",route="grpc:ModelInfer"}'
+    missing = 'tfsupervisor_http_requests_total{code="404",route="grpc:ModelInfer"}'
+    url = f"http://127.0.0.1:{sup.metrics_port}/metrics"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while True:  # the fronts write their tallies every second
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        if (ok in text and missing in text) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert ok in text and missing in text

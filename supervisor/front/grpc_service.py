@@ -11,13 +11,14 @@ same HttpError the HTTP routes raise, so one place decides what a problem is).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from supervisor.client.errors import JobError
-from supervisor.front import tensors
+from supervisor.front import metrics, tensors
 from supervisor.front.catalog import not_loaded, platform_of, version_of
 from supervisor.front.errors import HttpError, from_job
 from supervisor.front.oip import EXTENSIONS, MAX_ID, MAX_TIMEOUT, SERVER_NAME
@@ -44,13 +45,22 @@ async def _fail(context: grpc.aio.ServicerContext, error: HttpError) -> None:
 
 
 def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Errors as status codes with one line, never a traceback."""
+    """Errors as status codes with one line, never a traceback; every call counted in the
+    fronts' metrics under ``grpc:<Method>``, with the HTTP status its answer stands for."""
+    route = f"grpc:{method.__name__}"
+
     async def call(self: InferenceService, request: Any,
                    context: grpc.aio.ServicerContext) -> Any:
+        started, status = time.perf_counter(), 200
+        metrics.TALLIES.in_flight += 1
         try:
             return await method(self, request, context)
         except HttpError as error:
+            status = error.status
             await _fail(context, error)
+        finally:
+            metrics.TALLIES.in_flight -= 1
+            metrics.observe(route, status, time.perf_counter() - started, 0, 0)
     call.__doc__, call.__name__ = method.__doc__, method.__name__
     return call
 
