@@ -128,8 +128,8 @@ def from_binary(name: str, wire: str, shape: list[int], chunk: memoryview) -> Te
     if wire != STRING:
         want = count(shape) * ITEMSIZE[wire]
         if len(chunk) != want:
-            raise HttpError(400, f"input {name!r}: {wire}{shape} is {want} bytes, "
-                            f"binary_data_size is {len(chunk)}")
+            raise HttpError(400, f"input {name!r}: {wire}{shape} is {want} bytes, its "
+                            f"binary data {len(chunk)}")
         if wire == "bool" and want and int(np.frombuffer(chunk, np.uint8).max()) > 1:
             raise HttpError(400, f"input {name!r}: BOOL data must be bytes 0 or 1")
         return {"name": name, "dtype": wire, "shape": shape}, chunk
