@@ -12,7 +12,7 @@ import ipaddress
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from supervisor.config.settings import (
     Bool,
@@ -32,6 +32,8 @@ from supervisor.config.settings import (
 )
 from supervisor.shared.padding import PadDim, from_config
 from supervisor.shared.protocol import MAX_BATCH_JOBS, MAX_NAME, MAX_NDIM
+
+T = TypeVar("T")
 
 # The backend socket lives in this subdirectory of the runtime dir, which only the service
 # user may enter: clients share the runtime dir's group, workers are the supervisor's own.
@@ -424,12 +426,7 @@ class HttpSection:
 
     def files(self, base: Path) -> HttpSection:
         """The file settings resolved against the config file's directory."""
-        def resolve(value: str | None) -> str | None:
-            return None if value is None else str((base / value).resolve())
-
-        return dataclasses.replace(self, tls_cert=resolve(self.tls_cert),
-                                   tls_key=resolve(self.tls_key),
-                                   token_file=resolve(self.token_file))
+        return _resolved(self, base, "tls_cert", "tls_key", "token_file")
 
 
 @dataclass(frozen=True)
@@ -453,11 +450,16 @@ class GrpcSection:
         return _listening(path, self.listen, self.tls_cert, self.tls_key, self.insecure)
 
     def files(self, base: Path) -> GrpcSection:
-        def resolve(value: str | None) -> str | None:
-            return None if value is None else str((base / value).resolve())
+        """The file settings resolved against the config file's directory."""
+        return _resolved(self, base, "tls_cert", "tls_key")
 
-        return dataclasses.replace(self, tls_cert=resolve(self.tls_cert),
-                                   tls_key=resolve(self.tls_key))
+
+def _resolved(section: T, base: Path, *keys: str) -> T:
+    """``section`` with the file settings ``keys`` made absolute against ``base``."""
+    values = {key: getattr(section, key) for key in keys}
+    return dataclasses.replace(section, **{  # type: ignore[type-var]
+        key: None if value is None else str((base / value).resolve())
+        for key, value in values.items()})
 
 
 def _listening(path: str, listen: str | None, tls_cert: str | None, tls_key: str | None,

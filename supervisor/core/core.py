@@ -210,11 +210,11 @@ class Core:
         from ~1,000 to ~50 jobs/s under the adaptive wait)."""
         for model, state in self.pool.models.items():
             queue = self.router.queues.get(model)
-            if not queue:
+            if not queue or not self._idle(model):  # busy workers: their answers dispatch
                 continue
             ends = next_deadline(queue, self.router.batch_policy(model,
                                                                  state.config.batch_policy))
-            if ends is not None and ends <= now and self._idle(model):
+            if ends is not None and ends <= now:
                 self.dispatch(model, now)
 
     def _idle(self, model: str) -> bool:
