@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             loads = [Load(client, "leaky") for _ in range(4)]
             for load in loads:
                 load.start()
-            final = watch(args, status_of, started)
+            final = watch(args, status_of, started, seen)
             for load in loads:
                 load.halt.set()
             for load in loads:
@@ -126,24 +126,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if recycles and not failed and sent == answered else 1
 
 
-def watch(args: argparse.Namespace, status_of: Any, started: float) -> dict[str, Any]:
-    """`status` every ``args.every`` seconds until both workers have been replaced and
-    served on a little (or ``args.limit`` has passed); the last status."""
+def watch(args: argparse.Namespace, status_of: Any, started: float,
+          seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """`status` every ``args.every`` seconds, and at once when the daemon decides a recycle
+    (so the trend and cause it acted on are on screen whatever the timing), until both
+    workers have been replaced and served on a little (or ``args.limit`` has passed); the
+    last status."""
     done_at: float | None = None
     next_status = 0.0
+    recycles_shown = 0
     while True:
+        recycles = sum(event.get("event") == "worker_recycling" for event in list(seen))
         status: dict[str, Any] = status_of()
         now = time.monotonic()
-        if now >= next_status:
+        if now >= next_status or recycles > recycles_shown:
             print(f"\n--- status at {now - started:.0f}s "
                   f"(tfsupervisor status -c {args.config}) ---")
             print(render_status(status), flush=True)
             next_status = now + args.every
+            recycles_shown = recycles
         if done_at is None and _replaced(status["models"]["leaky"]):
             done_at = now + 3.0
         if (done_at is not None and now >= done_at) or now - started > args.limit:
             return status
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def _answers(status_of: Any) -> bool:

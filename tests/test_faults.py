@@ -305,12 +305,21 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
         finally:
             raw.close()
 
+    def answered_past(count: int, what: str) -> None:
+        """Wait for ``count`` answers: the faults land on a service that is serving,
+        however fast or slow this machine is."""
+        deadline = time.monotonic() + 90
+        while len(results) < count:
+            assert time.monotonic() < deadline, f"{what}: {len(results)} answers"
+            assert all(t.is_alive() for t in threads), "a client thread failed"
+            time.sleep(0.05)
+
     threads = [threading.Thread(target=submit) for _ in range(3)]
     for t in threads:
         t.start()
     try:
         for round_ in range(6):
-            time.sleep(0.7)
+            answered_past(len(results) + 16, f"answers before fault round {round_}")
             workers = [w for w in sup.workers("m") if w["state"] == "ready"]
             busy = [w for w in workers if w["in_flight"]] or workers
             if busy:
@@ -325,7 +334,7 @@ def test_combined_faults_lose_nothing(supervisor_factory: Any) -> None:
                 m["options"]["delay"] = 0.1
                 _write(sup, {"m": m})
                 os.kill(sup.process.pid, signal.SIGHUP)
-        time.sleep(1.0)
+        answered_past(max(len(results) + 24, 101), "answers after the faults")
     finally:
         stop.set()
         for t in threads:
