@@ -321,6 +321,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="measured seconds per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=3.0,
+                        help="seconds of the same load before each measured window (a "
+                             "server started fresh each round: what a fresh start serves)")
     parser.add_argument("--quick", action="store_true", help="5 s rounds, 2 s warm-up")
     parser.add_argument("--only", type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
                         help=f"comma-separated subset of: {', '.join(PEERS)}")
@@ -350,7 +353,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown server(s) {', '.join(sorted(unknown))}; "
                      f"known: {', '.join(PEERS)}")
-    seconds, warmup = (5.0, 2.0) if args.quick else (args.seconds, 3.0)
+    seconds, warmup = (5.0, 2.0) if args.quick else (args.seconds, args.warmup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     results = run(seconds, args.rounds, args.only, args.out, warmup, args.resident,
                   args.model, args.wait_ms, max(1, args.clients))

@@ -149,11 +149,20 @@ def test_metrics_scraped_over_http(supervisor_factory: Any) -> None:
             client.infer("m", {"x": np.zeros((3, 4), np.float32)})
         with pytest.raises(Exception):  # noqa: B017 - any JobError will do
             client.infer("m", {"x": np.zeros((3, 4), np.float64)})
-    time.sleep(2.0)  # enough polls for a trend, and a publish
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in families.values() for s in f.samples}
+    deadline = time.monotonic() + 30
+    while True:  # until a publish carries every worker's memory and trend (polls)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in families.values() for s in f.samples}
+        published = [n for (n, _) in samples if n in ("tfsupervisor_worker_memory_bytes",
+                                                      "tfsupervisor_worker_growth_bytes_per_hour")]
+        if len(published) == 4 and samples.get(
+                ("tfsupervisor_job_latency_seconds_count", (("model", "m"),))) == 20:
+            break
+        assert time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.1)
     assert samples[("tfsupervisor_jobs_total", (("model", "m"), ("outcome", "ok")))] == 20
     assert samples[("tfsupervisor_jobs_total",
                     (("model", "m"), ("outcome", "bad_request")))] == 1

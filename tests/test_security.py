@@ -146,10 +146,18 @@ def test_client_fails_over_when_a_supervisor_is_killed(supervisor_factory: Any) 
     threads = [threading.Thread(target=submit) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    def until(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out: {what} ({len(outcomes)} answers)"
+            time.sleep(0.05)
+
+    until(lambda: len(outcomes) >= 50 and all(sum(w["jobs"] for w in s.workers("m"))
+                                              for s in sups), "both supervisors serving")
     served_before = [sum(w["jobs"] for w in s.workers("m")) for s in sups]
     sups[0].process.kill()  # SIGKILL mid-run: its in-flight jobs are lost with it
-    time.sleep(2.0)
+    after_kill = len(outcomes)
+    until(lambda: len(outcomes) >= max(after_kill + 60, 101), "answers after the kill")
     stop.set()
     for t in threads:
         t.join(30)
