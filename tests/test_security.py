@@ -186,11 +186,20 @@ def test_async_client_fails_over_when_a_supervisor_is_killed(supervisor_factory:
                     except JobError as exc:
                         outcomes.append(exc.code)
 
+            async def until(condition: Any, what: str) -> None:
+                deadline = time.monotonic() + 60
+                while not condition():
+                    assert time.monotonic() < deadline, f"timed out: {what}"
+                    await asyncio.sleep(0.05)
+
             tasks = [asyncio.create_task(submit(seed)) for seed in range(8)]
-            await asyncio.sleep(1.5)
+            await until(lambda: len(outcomes) >= 50 and all(
+                sum(w["jobs"] for w in s.workers("m")) for s in sups), "both serving")
             served = [sum(w["jobs"] for w in s.workers("m")) for s in sups]
             sups[0].process.kill()  # SIGKILL with calls out: they must be retried elsewhere
-            await asyncio.sleep(2.0)
+            after_kill = len(outcomes)
+            await until(lambda: len(outcomes) >= max(after_kill + 60, 101),
+                        "answers after the kill")
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 30)
         return served, outcomes
