@@ -156,3 +156,6 @@ def test_the_seeds_leak_is_named_inside_its_warm_up(supervisor_factory: Any) -> 
     assert diagnosis["cause"] == "retracing", diagnosis
     assert "`f`" in diagnosis["summary"] and "restored_function_body" in diagnosis["summary"]
     assert "`f`" in diagnosis["remedy"] and "padding:" in diagnosis["remedy"], diagnosis
+    logged = [json.loads(line) for line in sup.log().splitlines()
+              if '"worker_growth_in_warmup"' in line]
+    assert [e["cause"] for e in logged] == ["retracing"], logged

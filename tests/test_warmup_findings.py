@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import structlog
+
 from supervisor.cli.render import render_explain
 from supervisor.config.keys import PolicyConfig
 from supervisor.core.diagnosis import Cause, Diagnosis, diagnose
@@ -15,6 +17,9 @@ from supervisor.core.history import Sample
 from supervisor.core.policy import Ruling, Verdict, WorkerFacts, evaluate
 from supervisor.core.reasons import Reason
 from supervisor.shared.probes import Probes
+from tests.test_core_cases import BASE, World
+from tests.test_core_model import valid
+from tests.test_explain import heartbeat
 from worker.readings import traced
 
 MB = 1024**2
@@ -167,3 +172,29 @@ def test_explain_never_says_noise_above_a_large_growth() -> None:
         "max_growth_per_hour": 1024**3}))
     assert "judged over 60 samples, its memory grows +2.0MiB per 1k jobs and +10.0MiB per " \
         "hour, under a quarter of its limits" in judged_text, judged_text
+
+
+def test_the_finding_is_logged_once_per_worker() -> None:
+    """Through the core: a worker whose warm-up growth is its tracing logs
+    worker_growth_in_warmup once, with the cause and remedy, and is not recycled for it."""
+    world = World(BASE.replace("warmup_jobs: 0, warmup_seconds: 0",
+                               "warmup_jobs: 100, warmup_seconds: 30"))
+    world.memory["a-1"] = LOADED
+    world.ready("a-1")
+    with structlog.testing.capture_logs() as logged:
+        for i in range(1, 21):
+            for _ in range(10):
+                world.request(valid("a", 1))
+                world.answer("a-1")
+            graphs = graphs_at(i)
+            heartbeat(world, "a-1", Probes(graphs=10 + graphs, shapes=graphs + 1,
+                                           traced=(("restored_function_body:f", graphs),),
+                                           jobs=10 * i))
+            world.memory["a-1"] = LOADED + graphs * PER_GRAPH
+            world.tick(1.0)
+            world.poll()
+    found = [e for e in logged if e["event"] == "worker_growth_in_warmup"]
+    assert len(found) == 1 and found[0]["cause"] == "retracing", found
+    assert found[0]["baseline"] <= LOADED + PER_GRAPH * graphs_at(1), found
+    assert "`f`" in found[0]["remedy"]
+    assert not [e for e in logged if e["event"] == "worker_recycling"]
