@@ -295,7 +295,7 @@ def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
              ("vram", "VRAM", True)]
     figures = [f"{label} {(_signed if size else _count)(t[f'{k}_per_1k_jobs'])}"
                for k, label, size in names if f"{k}_per_1k_jobs" in t]
-    where = " since ready (in warm-up)" if t.get("window_in_warmup") else ""
+    where = " since ready, in warm-up" if t.get("window_in_warmup") else ""
     if figures and not t["window_jobs"]:  # idle: a slope per 1k jobs means nothing
         out.append(f"trends: no jobs over the last {t['window_samples']} samples{where}")
     else:
