@@ -252,6 +252,9 @@ class Controller:
                 "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
                 "in_flight": len(self.core.router.held_by(worker.id)),
                 "warmed_up": a.warmed_up, "baseline": a.baseline,
+                # its warm-up ended at ready: the growth was its own tracing (the baseline is
+                # the level at ready; policy.py, Explained warm-up)
+                "warmup_explained": a.warmup_explained,
                 "growth_per_1k_jobs": a.growth_per_1k_jobs,
                 "growth_per_hour": a.growth_per_hour,
                 "seconds_to_limit": a.seconds_to_limit,
