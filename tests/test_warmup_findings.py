@@ -16,7 +16,7 @@ from supervisor.core.diagnosis import Cause, Diagnosis, diagnose
 from supervisor.core.history import Sample
 from supervisor.core.policy import Ruling, Verdict, WorkerFacts, evaluate
 from supervisor.core.reasons import Reason
-from supervisor.shared.probes import Probes
+from supervisor.shared.probes import Probes, ShapeGrowth
 from tests.test_core_cases import BASE, World
 from tests.test_core_model import valid
 from tests.test_explain import heartbeat
@@ -27,6 +27,9 @@ LOADED = 560 * MB  # a worker's memory at ready
 PER_GRAPH = int(1.8 * MB)  # measured: ~450 MiB for ~250 lengths on the bench's encoder
 JOBS_PER_SECOND = 160
 READY = 0.0
+# What the worker reports for the seed: the lengths that grew it most (~2 MiB on first sight).
+TOP_SHAPES = (ShapeGrowth("input_ids:int32[1,225]", 30, 2 * MB, 10 * MB),
+              ShapeGrowth("input_ids:int32[1,219]", 33, 2 * MB, 8 * MB))
 FACTS = WorkerFacts(started_at=-5.0, jobs=0, jitter=0.0, ready_at=READY)
 
 
@@ -44,7 +47,7 @@ def seed_series(seconds: int, native_per_second: int = 0) -> list[Sample]:
         graphs = graphs_at(i)
         probes = Probes(graphs=10 + graphs, traced=(("restored_function_body:f", graphs + 1),),
                         py_blocks=300_000, native_heap=400 * MB + native_per_second * i,
-                        shapes=graphs + 1, jobs=JOBS_PER_SECOND * i)
+                        shapes=graphs + 1, jobs=JOBS_PER_SECOND * i, top_shapes=TOP_SHAPES)
         out.append(Sample(t=READY + i, jobs=JOBS_PER_SECOND * i,
                           memory=LOADED + graphs * PER_GRAPH + native_per_second * i,
                           probes=probes))
@@ -198,3 +201,18 @@ def test_the_finding_is_logged_once_per_worker() -> None:
     assert found[0]["baseline"] <= LOADED + PER_GRAPH * graphs_at(1), found
     assert "`f`" in found[0]["remedy"]
     assert not [e for e in logged if e["event"] == "worker_recycling"]
+
+
+def test_padding_is_advised_where_lengths_vary_and_batch_sizes_where_only_they_do() -> None:
+    def remedy(signatures: tuple[str, ...]) -> str:
+        samples = [Sample(s.t, s.jobs, s.memory, probes=Probes(
+            graphs=s.probes.graphs, traced=(("step", 9),), shapes=400, jobs=s.jobs,
+            top_shapes=tuple(ShapeGrowth(sig, 3, MB, 2 * MB) for sig in signatures))
+            if s.probes else None) for s in seed_series(20)]
+        _, found = judged(samples, PolicyConfig())
+        assert found is not None and found.cause is Cause.RETRACING, found
+        return found.remedy
+
+    assert "padding:" in remedy(("input_ids:int32[1,225]", "input_ids:int32[1,219]"))
+    batches = remedy(("x:float32[3,32]", "x:float32[5,32]"))
+    assert "padding:" not in batches and "allowed_batch_sizes" in batches, batches

@@ -501,9 +501,8 @@ def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
         per_job = traced.graphs / traced.jobs
     grew = f" with +{_size(traced.with_graphs)} of memory" \
         if traced is not None and traced.explained else ""
-    varying = latest is not None and latest.shapes is not None and latest.shapes >= MIN_NEW
     pad = ("; or pad the varying dimension to a few sizes (the model's `padding:` setting, "
-           "docs/batching.md), so it traces once per size") if varying else \
+           "docs/batching.md), so it traces once per size") if _lengths_vary(latest) else \
         ("; or pad inputs to fixed sizes (batching.allowed_batch_sizes) so it traces once "
          "per size")
     if traced_name is not None and traced_name.startswith(RESTORED_FUNCTION):
@@ -523,6 +522,29 @@ def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
             f"ready{grew}, {per_job:.2g} per job",
             f"give {name} an input_signature (with None for the dimensions that vary), "
             "pass tensors rather than Python numbers as its arguments" + pad)
+
+
+def _lengths_vary(latest: Probes | None) -> bool:
+    """The input shapes that grew the worker most differ beyond the batch axis (token ids of
+    several lengths): the `padding:` setting applies. Differing batch sizes alone are
+    batching.allowed_batch_sizes's."""
+    beyond_batch = set()
+    for shape in latest.top_shapes if latest is not None else ():
+        dims = _dims(shape.signature)
+        if dims is not None:
+            beyond_batch.add(tuple(d[1:] for d in dims))
+    return len(beyond_batch) > 1
+
+
+def _dims(signature: str) -> tuple[tuple[str, ...], ...] | None:
+    """``a:int32[1,225],b:int32[1,225]`` -> (("1", "225"), ("1", "225")); None if odd."""
+    out = []
+    for part in signature.split("],"):
+        _, bracket, dims = part.partition("[")
+        if not bracket:
+            return None
+        out.append(tuple(dims.rstrip("]").split(",")))
+    return tuple(out)
 
 
 def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:
