@@ -112,3 +112,50 @@ def test_healthy_saved_model_with_varying_batches_is_not_recycled(
     worker = status["workers"][0]
     assert worker["recycle_reason"] is None and worker["warmed_up"], status
     assert worker["growth_per_1k_jobs"] is not None  # the trend was judged, and found sane
+
+
+@pytest.mark.timeout(300)
+def test_the_seeds_leak_is_named_inside_its_warm_up(supervisor_factory: Any) -> None:
+    """The seed's pattern (issue 46, item 3): a SavedModel's tf.function without
+    input_signature, saved without signatures, called as
+    ``model.f(tf.constant(ids, name="Input-Token"))`` with lengths 1..400 in random order,
+    under the default policy (30 s warm-up). Its growth comes inside the warm-up: the
+    baseline is the level before it, the cause is named while the worker is still young,
+    and `explain` names the user's `f` and padding. The branch point took the baseline at
+    ~1 GiB after 30 s and named nothing."""
+    from bench.seed_leak import drive as drive_seed
+    from bench.seed_leak import model_config, save_in_child
+    from supervisor.client.client import control
+    from tests.conftest import short_tmpdir
+
+    path = save_in_child(short_tmpdir() / "seed_sm")
+    sup = supervisor_factory({"supervisor": {"poll_interval": "0.5s"},
+                              "models": {"seed": model_config(path, workers=1)}})
+    stop, jobs = threading.Event(), [0]
+    failures: list[str] = []
+    thread = threading.Thread(target=drive_seed, args=(sup, "seed", stop, failures, 0, jobs))
+    thread.start()
+
+    def named(status: dict[str, Any]) -> bool:
+        [worker] = status["models"]["seed"]["workers"]
+        return worker["suspected_cause"] is not None
+
+    try:
+        status = sup.wait_for(named, 120, "a suspected cause for the seed's worker")
+        report = control(sup.control_endpoint, "explain", timeout=10, model="seed")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert failures == []
+    [worker] = status["models"]["seed"]["workers"]
+    assert worker["suspected_cause"] == "retracing", worker
+    assert worker["age"] < 35, worker  # named inside the default 30 s warm-up (+ start-up)
+    assert worker["memory"] - worker["baseline"] > 64 * 1024**2, worker
+    [explained] = report["workers"]
+    diagnosis = explained["diagnosis"]
+    assert diagnosis["cause"] == "retracing", diagnosis
+    assert "`f`" in diagnosis["summary"] and "restored_function_body" in diagnosis["summary"]
+    assert "`f`" in diagnosis["remedy"] and "padding:" in diagnosis["remedy"], diagnosis
+    logged = [json.loads(line) for line in sup.log().splitlines()
+              if '"worker_growth_in_warmup"' in line]
+    assert [e["cause"] for e in logged] == ["retracing"], logged

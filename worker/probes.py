@@ -59,7 +59,14 @@ from supervisor.shared.probes import (
     ShapeGrowth,
 )
 from worker.census import Census
-from worker.readings import Statm, TfAllocator, native_heap_reader, tf_function_names, traced
+from worker.readings import (
+    Statm,
+    TfAllocator,
+    native_heap_reader,
+    saved_function,
+    tf_function_names,
+    traced,
+)
 from worker.runners import Runner
 
 # Input signatures kept with their batches and growth; more are counted, not kept.
@@ -96,6 +103,8 @@ class Sources:
     functions: Callable[[], Any]  # a collection of names, or None: TensorFlow not running
     tf_allocator: Callable[[], int | None]
     objects: Callable[[], list[Any]]
+    # A traced restored_function_body's name -> the saved function it calls (or None).
+    saved_function: Callable[[str], str | None] = lambda name: None
     clock: Callable[[], float] = time.perf_counter  # for the probes' own cost only
     # For the samples' and censuses' cost: this thread's CPU time, not the wall clock, which
     # on a busy machine counts the time other processes ran and would push samples minutes
@@ -108,7 +117,8 @@ class Sources:
         statm = Statm()
         return cls(rss=statm.read, py_blocks=sys.getallocatedblocks,
                    native_heap=native_heap_reader(), functions=tf_function_names,
-                   tf_allocator=TfAllocator().read, objects=gc.get_objects, close=statm.close)
+                   tf_allocator=TfAllocator().read, objects=gc.get_objects,
+                   saved_function=saved_function, close=statm.close)
 
 
 # --- the recorder ----------------------------------------------------------------------------
@@ -252,7 +262,7 @@ class ProbeRecorder:
         functions = sources.functions()
         blocks = sources.py_blocks()
         graphs = None if functions is None else len(functions)
-        names = traced(functions) if functions else ()
+        names = traced(functions, sources.saved_function) if functions else ()
         native, allocator = sources.native_heap(), sources.tf_allocator()
         shapes, top_shapes = self.shapes.distinct(), self.shapes.top(MAX_NAMES)
         sampled = clock() - start

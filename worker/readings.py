@@ -10,18 +10,53 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.shared.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES
+from supervisor.shared.probes import KERAS_STEPS, MAX_NAME, MAX_NAMES, RESTORED_FUNCTION
 
 # Prefix of the eager context's name for each traced concrete function of a tf.function:
 # "__inference_<python name>_<uid>" (TF 2.21; "__wrapped__<Op>..." are single eager ops).
 TRACED_PREFIX = "__inference_"
 
 
-def traced(functions: Any) -> tuple[tuple[str, int], ...]:
-    """tf.function Python names by their traced concrete functions, most first."""
-    counts = collections.Counter(python_name(name) for name in functions
-                                 if name.startswith(TRACED_PREFIX))
+def traced(functions: Any, resolve: Callable[[str], str | None] | None = None,
+           ) -> tuple[tuple[str, int], ...]:
+    """tf.function Python names by their traced concrete functions, most first. A loaded
+    SavedModel's functions all trace as ``restored_function_body``: named
+    ``restored_function_body:<saved name>`` after the saved function its newest trace
+    calls, as ``resolve`` (a traced function's name -> the saved one's, or None) tells."""
+    counts: collections.Counter[str] = collections.Counter()
+    newest: tuple[int, str] | None = None  # the restored function traced last (by uid)
+    for name in functions:
+        if not name.startswith(TRACED_PREFIX):
+            continue
+        short = python_name(name)
+        counts[short] += 1
+        if short == RESTORED_FUNCTION:
+            uid = name.rpartition("_")[2]
+            key = (int(uid) if uid.isdigit() else -1, name)
+            newest = key if newest is None or key > newest else newest
+    if newest is not None and resolve is not None:
+        saved = resolve(newest[1])
+        if saved:
+            counts[f"{RESTORED_FUNCTION}:{saved}"] = counts.pop(RESTORED_FUNCTION)
     return tuple((name[:MAX_NAME], n) for name, n in counts.most_common(MAX_NAMES))
+
+
+def saved_function(name: str) -> str | None:
+    """The Python name of the function a traced ``restored_function_body`` calls: the saved
+    concrete function (``__inference_f_281`` -> ``f``), from its FunctionDef's call op
+    (~0.1 ms). None if TensorFlow is not running here or does not say."""
+    ctx = _tf_context()
+    if ctx is None:
+        return None
+    try:
+        definition = ctx.get_function_def(name)
+        for node in definition.node_def:
+            called = node.attr["f"].func.name if "f" in node.attr else ""
+            if called.startswith(TRACED_PREFIX):
+                return python_name(called)
+    except Exception:  # a TF that moved its internals: the bare name, never a dead worker
+        return None
+    return None
 
 
 def python_name(function: str) -> str:

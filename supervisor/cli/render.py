@@ -257,14 +257,31 @@ def render_explain(report: dict[str, Any]) -> str:
 
 
 def _not_suspected(w: dict[str, Any]) -> str:
-    """No suspected cause: judged, and not growing; or not judged yet (warm-up)."""
+    """No suspected cause: judged, with the policy's own figures beside its limits; or not
+    judged yet (warm-up, or a trend window not yet full), with what it grew so far. Never a
+    word about noise above the probes' figures: they are fitted on fewer samples than the
+    policy needs, and a worker growing 1.3 GiB per 1k jobs in an unfilled window was said
+    to be "not growing beyond noise"."""
+    so_far = w.get("so_far")
+    grew = f"; so far {_signed(so_far['memory'])} over {so_far['jobs']:,} jobs" \
+        if so_far else ""
     if w.get("warmed_up") is False:
-        so_far = w.get("so_far")
-        grew = f"; so far {_signed(so_far['memory'])} over {so_far['jobs']:,} jobs" \
-            if so_far else ""
         return ("not judged yet: the policy's warm-up (warmup_jobs, warmup_seconds) has not "
-                f"passed, and growth while warming up is not a trend{grew}")
-    return "no suspected cause: its memory is not growing beyond noise"
+                f"passed, and growth while warming up is not a trend unless the worker's "
+                f"own tracing explains it{grew}")
+    judged = w.get("judged") or {}
+    if not judged.get("window"):
+        needed = judged.get("window_needed")
+        return ("not judged yet: the policy's trend window is not full" +
+                (f" (it needs {needed} samples after warm-up)" if needed else "") + grew)
+    slopes = [f"{_signed(judged[key])} {label}" for key, label in
+              (("growth_per_1k_jobs", "per 1k jobs"), ("growth_per_hour", "per hour"))
+              if judged.get(key) is not None]
+    limits = [f"{key} {format_size(judged[key])}" for key in
+              ("max_growth_per_1k_jobs", "max_growth_per_hour") if judged.get(key) is not None]
+    return (f"no suspected cause: judged over {judged['window']} samples, its memory grows "
+            f"{' and '.join(slopes) or 'by no measure'}, under a quarter of its limits"
+            + (f" ({', '.join(limits)})" if limits else "") + grew)
 
 
 def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
@@ -278,12 +295,13 @@ def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
              ("vram", "VRAM", True)]
     figures = [f"{label} {(_signed if size else _count)(t[f'{k}_per_1k_jobs'])}"
                for k, label, size in names if f"{k}_per_1k_jobs" in t]
+    where = " since ready, in warm-up" if t.get("window_in_warmup") else ""
     if figures and not t["window_jobs"]:  # idle: a slope per 1k jobs means nothing
-        out.append(f"trends: no jobs over the last {t['window_samples']} samples")
+        out.append(f"trends: no jobs over the last {t['window_samples']} samples{where}")
     else:
-        out.append(f"per 1k jobs over the last {t['window_samples']} samples "
+        out.append(f"per 1k jobs over the last {t['window_samples']} samples{where} "
                    f"({t['window_jobs']:,} jobs): {', '.join(figures)}" if figures else
-                   f"trends: not enough samples after warm-up yet ({t['window_samples']})")
+                   f"trends: not enough samples yet ({t['window_samples']}{where})")
     split = Split.from_fields(w.get("growth_split"))
     if split is not None and t["window_jobs"]:
         out.append(split.text(metric))

@@ -29,13 +29,22 @@ from supervisor.core.history import Sample
 from supervisor.core.policy import (
     MIN_TREND_SAMPLES,
     Assessment,
+    TracedGrowth,
     WorkerFacts,
     fit,
+    since_ready,
     theil_sen,
+    traced_growth,
     warmed_up,
 )
 from supervisor.core.reasons import Reason
-from supervisor.shared.probes import BUFFER_TYPES, KERAS_PREDICT_REMEDY, KERAS_STEPS, Probes
+from supervisor.shared.probes import (
+    BUFFER_TYPES,
+    KERAS_PREDICT_REMEDY,
+    KERAS_STEPS,
+    RESTORED_FUNCTION,
+    Probes,
+)
 
 # New traced graphs (or new input signatures) per 1k jobs from which the growth is put down
 # to them: a model that traces once per shape it has not seen, over a bounded set of shapes,
@@ -106,10 +115,15 @@ class Trends:
     tf_allocator: float | None = None  # bytes
     graphs_added: int | None = None
     shapes_added: int | None = None
+    # Fitted on the samples since ready: the policy's warm-up has not passed, and what the
+    # worker has is all there is to name a cause from (a recycle for max_memory in warm-up).
+    warming_up: bool = False
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples,
                                "probe_readings": self.readings}
+        if self.warming_up:
+            out["window_in_warmup"] = True
         for name in ("memory", "children", "vram", "graphs", "shapes", "py_blocks",
                      "native_heap", "tf_allocator"):
             value = getattr(self, name)
@@ -222,11 +236,15 @@ def _finite(value: float | None) -> float | None:
 
 
 def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> Trends:
-    """The probes' slopes over the trend window (what `explain` shows for any worker)."""
+    """The probes' slopes over the trend window (what `explain` shows for any worker); in
+    warm-up, over the samples since ready (a cause is named from the evidence there is)."""
     after = warmed_up(samples, facts, policy)
+    warming_up = len(after[-policy.trend_window:]) < MIN_TREND_SAMPLES
+    if warming_up:
+        after = since_ready(samples, facts)
     window = after[-policy.trend_window:]
     if len(window) < MIN_TREND_SAMPLES:
-        return Trends(samples=len(window))
+        return Trends(samples=len(window), warming_up=warming_up)
     jobs = np.array([s.jobs for s in window], dtype=float)
     # Readings from the whole warmed-up history, if they reach into the window: a worker
     # whose last reading predates the window says nothing about what grows now.
@@ -263,7 +281,7 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         graphs=probe("graphs", MIN_COUNTER_READINGS), shapes=probe("shapes", MIN_COUNTER_READINGS),
         py_blocks=probe("py_blocks"),
         native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
-        graphs_added=added("graphs"), shapes_added=added("shapes"))
+        graphs_added=added("graphs"), shapes_added=added("shapes"), warming_up=warming_up)
 
 
 def _readings(after: Sequence[Sample]) -> list[Sample]:
@@ -285,9 +303,12 @@ def _jobs(sample: Sample) -> int:
 
 
 def suspect(assessment: Assessment, reason: Reason | None, policy: PolicyConfig) -> bool:
-    """Recycled (or about to be) for memory, or growing confidently towards a limit."""
+    """Recycled (or about to be) for memory, growing confidently towards a limit, or grown
+    in warm-up by tracing graphs (a finding, not a baseline: policy.py, Explained warm-up)."""
     if reason is not None:
         return reason.memory
+    if assessment.warmup_explained:
+        return True
     growth, limit = assessment.growth_per_1k_jobs, policy.max_growth_per_1k_jobs
     hourly, hourly_limit = assessment.growth_per_hour, policy.max_growth_per_hour
     return (growth is not None and limit is not None and growth > SUSPECT_FRACTION * limit) \
@@ -305,9 +326,12 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     found = trends(samples, facts, policy)
     latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
     split = growth_split(found, latest)
-    cause = _cause(found, reason, latest, split)
-    summary, remedy = _explain(cause, found, latest, life, split)
+    traced = traced_growth(samples, facts)
+    cause = _cause(found, reason, latest, split, traced)
+    summary, remedy = _explain(cause, found, latest, life, split, traced)
     evidence = found.fields()
+    if traced.graphs:
+        evidence["since_ready"] = traced.fields()
     if split is not None:
         evidence["growth_split"] = split.fields()
     if latest is not None:
@@ -327,15 +351,20 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
 
 
 def _cause(t: Trends, reason: Reason | None, latest: Probes | None = None,
-           split: Split | None = None) -> Cause:
+           split: Split | None = None, traced: TracedGrowth | None = None) -> Cause:
     """The first rule whose evidence is clear, most specific first; a cause put down to
-    bytes only when they explain a share of the growth."""
+    bytes only when they explain a share of the growth. Graphs traced since ready that
+    came with most of the growth since ready name retracing even when the window itself
+    traced few (the shapes seen by then: a worker of the seed's encoder, whose window after
+    its warm-up added 2 graphs, was named native heap with 400 traced)."""
     if _steady(t.graphs, t.graphs_added):
         return Cause.RETRACING
     if _steady(t.shapes, t.shapes_added):
         return Cause.NEW_INPUT_SHAPES
     if reason in _VRAM:
         return Cause.VRAM_POOL
+    if traced is not None and traced.explained:
+        return Cause.RETRACING
     growth = t.memory if t.memory is not None and t.memory > 0 else None
     if growth is not None and t.children is not None and t.children >= EXPLAINS * growth:
         return Cause.CHILD_PROCESSES
@@ -406,17 +435,11 @@ def _steady(per_1k: float | None, added: int | None) -> bool:
 
 
 def _explain(cause: Cause, t: Trends, latest: Probes | None,
-             life: Probes | None, split: Split | None = None) -> tuple[str, str]:
+             life: Probes | None, split: Split | None = None,
+             traced: TracedGrowth | None = None) -> tuple[str, str]:
     """(summary, remedy) in plain words, with the names and figures that decided it."""
     if cause is Cause.RETRACING:
-        name = f"`{latest.traced[0][0]}`" if latest and latest.traced else "a tf.function"
-        total = _since(latest, life, "graphs")
-        per_job = (t.graphs or 0) / 1000
-        return (f"retracing: {name} traced {total} new graphs since this worker became ready, "
-                f"{per_job:.2g} per job",
-                f"give {name} an input_signature (with None for the dimensions that vary), "
-                "pass tensors rather than Python numbers as its arguments, or pad inputs to "
-                "fixed sizes (batching.allowed_batch_sizes) so it traces once per size")
+        return _retracing_text(t, latest, life, traced)
     if cause is Cause.NEW_INPUT_SHAPES:
         total = _since(latest, life, "shapes")
         shape = f" (e.g. {latest.top_shapes[0].signature})" if latest and latest.top_shapes \
@@ -463,6 +486,65 @@ def _explain(cause: Cause, t: Trends, latest: Probes | None,
     return ("unknown: the probes do not explain the growth",
             "run `tfsupervisor explain` for the probes' trends; max_memory bounds the "
             "growth meanwhile")
+
+
+def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
+                    traced: TracedGrowth | None) -> tuple[str, str]:
+    """Named after the user's function: a SavedModel's tf.function is traced under TF's
+    name for every loaded one, ``restored_function_body``; the worker says which saved
+    function its newest trace calls (worker/readings.py), and that is the one to fix.
+    Padding is advised where the input shapes vary (the seed's token ids of any length)."""
+    traced_name = latest.traced[0][0] if latest and latest.traced else None
+    total = _since(latest, life, "graphs")
+    per_job = (t.graphs or 0) / 1000
+    if not per_job and traced is not None and traced.jobs > 0:
+        per_job = traced.graphs / traced.jobs
+    grew = f" with +{_size(traced.with_graphs)} of memory" \
+        if traced is not None and traced.explained else ""
+    pad = ("; or pad the varying dimension to a few sizes (the model's `padding:` setting, "
+           "docs/batching.md), so it traces once per size") if _lengths_vary(latest) else \
+        ("; or pad inputs to fixed sizes (batching.allowed_batch_sizes) so it traces once "
+         "per size")
+    if traced_name is not None and traced_name.startswith(RESTORED_FUNCTION):
+        user = traced_name[len(RESTORED_FUNCTION) + 1:]
+        name = f"`{user}`" if user else "the SavedModel function the handler calls"
+        shown = f"{name} (a SavedModel's function, traced by TensorFlow as " \
+            f"{RESTORED_FUNCTION})"
+        return (f"retracing: {shown} traced {total} new graphs since this worker became "
+                f"ready{grew}, {per_job:.2g} per job: it was saved without an "
+                "input_signature, so each new input shape traces a new graph, kept for "
+                "the life of the process",
+                f"re-export {name} with an input_signature (tf.TensorSpec with None for each "
+                "dimension that varies, e.g. [None, None] for token ids), or save it as a "
+                "signature (signatures={'serving_default': ...}) and call that" + pad)
+    name = f"`{traced_name}`" if traced_name else "a tf.function"
+    return (f"retracing: {name} traced {total} new graphs since this worker became "
+            f"ready{grew}, {per_job:.2g} per job",
+            f"give {name} an input_signature (with None for the dimensions that vary), "
+            "pass tensors rather than Python numbers as its arguments" + pad)
+
+
+def _lengths_vary(latest: Probes | None) -> bool:
+    """The input shapes that grew the worker most differ beyond the batch axis (token ids of
+    several lengths): the `padding:` setting applies. Differing batch sizes alone are
+    batching.allowed_batch_sizes's."""
+    beyond_batch = set()
+    for shape in latest.top_shapes if latest is not None else ():
+        dims = _dims(shape.signature)
+        if dims is not None:
+            beyond_batch.add(tuple(d[1:] for d in dims))
+    return len(beyond_batch) > 1
+
+
+def _dims(signature: str) -> tuple[tuple[str, ...], ...] | None:
+    """``a:int32[1,225],b:int32[1,225]`` -> (("1", "225"), ("1", "225")); None if odd."""
+    out = []
+    for part in signature.split("],"):
+        _, bracket, dims = part.partition("[")
+        if not bracket:
+            return None
+        out.append(tuple(dims.rstrip("]").split(",")))
+    return tuple(out)
 
 
 def _python_objects_text(t: Trends, latest: Probes | None) -> tuple[str, str]:

@@ -7,7 +7,8 @@ comparisons; the rest of this docstring is about trends (docs/policy.md).
 The window
 ----------
 - Only samples after warm-up count (both ``warmup_jobs`` and ``warmup_seconds`` passed),
-  the last ``trend_window`` of them: a full window without ``max_memory`` (nothing is
+  or after ready when the warm-up's growth is the worker's own tracing (see *Explained
+  warm-up*), the last ``trend_window`` of them: a full window without ``max_memory`` (nothing is
   urgent, and a ramp that levels off within it shows a flat second half), at least half
   a window with it (the time to the limit says when to act).
 
@@ -17,6 +18,17 @@ The fit
 - A trend is *confident* only when both halves of the window, fitted on their own, are
   over the limit too. A step (flat, jump, flat) has two flat halves; a warm-up ramp that
   levels off has a flat second half; a steady leak has two steep halves.
+
+Explained warm-up
+-----------------
+- Warm-up exists because TensorFlow allocates on the first calls of each input shape. Growth
+  that came with new traced graphs is not that: a ``tf.function`` without input_signature
+  traces (and keeps) a graph per shape, and a SavedModel's restored function does so for
+  every length a text service sends. When at least EXPLAINED_BYTES grew since ready, at least
+  MIN_NEW_GRAPHS graphs were traced, and WITH_GRAPHS of the growth came between probe
+  readings that counted new graphs, the warm-up is over from ready: the baseline is the
+  pre-growth level and the trend is judged from ready (the seed's encoder grew 567 → 1,300
+  MiB inside a 30 s warm-up and its baseline was taken at 1.2 GiB). Once so, it stays so.
 
 Decay
 -----
@@ -46,7 +58,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -68,6 +80,13 @@ DECAYING = 0.5
 # The fewest samples in a window whose halves may show decay: fewer, and a noisy steady
 # leak's halves differ by chance (with trend_window 8, one leak in four was never recycled).
 MIN_DECAY_SAMPLES = 20
+# Explained warm-up (see the module docstring): traced graphs since ready, ...
+MIN_NEW_GRAPHS = 3
+# ... the growth since ready that counts (a few shapes of a small model trace a few MiB of
+# graphs: that is warm-up) ...
+EXPLAINED_BYTES = 64 * 1024**2
+# ... and the share of it that came with new graphs.
+WITH_GRAPHS = 0.5
 
 
 class Ruling(Enum):
@@ -90,6 +109,8 @@ class WorkerFacts:
     # Replacements that may have to start one after the other before this worker's can
     # (workers in lockstep, max_concurrent_recycles at a time): the lead waits for them all.
     recycle_turns: int = 1
+    # Its warm-up's growth was found to be its own tracing (kept, like the baseline).
+    warmup_explained: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,8 @@ class Assessment:
     # warmup_seconds after ready), kept for its life: what max_memory is tuned against.
     baseline: int | None = None
     warmed_up: bool = False
+    # The warm-up ended at ready: its growth came with traced graphs (Explained warm-up).
+    warmup_explained: bool = False
     window: int = 0  # samples in the trend window
     growth_per_1k_jobs: float | None = None  # bytes
     growth_per_hour: float | None = None  # bytes
@@ -173,10 +196,75 @@ def fit(x: np.ndarray, y: np.ndarray) -> Slope | None:
 
 
 def warmed_up(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) -> list[Sample]:
-    """Samples taken after warm-up: age >= warmup_seconds and jobs >= warmup_jobs."""
-    ready = facts.ready_at if facts.ready_at is not None else facts.started_at
+    """Samples taken after warm-up: age >= warmup_seconds and jobs >= warmup_jobs; or,
+    once the warm-up's growth is explained by graphs traced, every sample since ready."""
+    if facts.warmup_explained:
+        return since_ready(samples, facts)
+    ready = _ready(facts)
     start = ready + policy.warmup_seconds
-    return [s for s in samples if s.t >= start and s.jobs >= policy.warmup_jobs]
+    after = [s for s in samples if s.t >= start and s.jobs >= policy.warmup_jobs]
+    if not after and traced_growth(samples, facts).explained:
+        return since_ready(samples, facts)
+    return after
+
+
+def explained_warmup(samples: Sequence[Sample], facts: WorkerFacts,
+                     policy: PolicyConfig) -> bool:
+    """Whether the warm-up is over early, its growth being the worker's own tracing."""
+    if facts.warmup_explained:
+        return True
+    start = _ready(facts) + policy.warmup_seconds
+    if any(s.t >= start and s.jobs >= policy.warmup_jobs for s in samples):
+        return False  # warmed up the usual way first: nothing to explain
+    return traced_growth(samples, facts).explained
+
+
+def _ready(facts: WorkerFacts) -> float:
+    return facts.ready_at if facts.ready_at is not None else facts.started_at
+
+
+def since_ready(samples: Sequence[Sample], facts: WorkerFacts) -> list[Sample]:
+    ready = _ready(facts)
+    return [s for s in samples if s.t >= ready]
+
+
+@dataclass(frozen=True)
+class TracedGrowth:
+    """Memory growth since ready, and how much of it came with new traced graphs: summed
+    over the intervals between the worker's probe readings in which its count of graphs
+    rose (a reading repeated by several heartbeats counts once)."""
+
+    graphs: int = 0  # traced since ready
+    growth: int = 0  # bytes, first reading since ready to the last
+    with_graphs: int = 0  # bytes, in intervals that traced new graphs
+    jobs: int = 0
+
+    @property
+    def explained(self) -> bool:
+        """The growth is the tracing's: enough of it, with enough graphs, mostly with them."""
+        return self.graphs >= MIN_NEW_GRAPHS and self.growth >= EXPLAINED_BYTES and \
+            self.with_graphs >= WITH_GRAPHS * self.growth
+
+    def fields(self) -> dict[str, int]:
+        return {"graphs": self.graphs, "growth": self.growth,
+                "growth_with_graphs": self.with_graphs, "jobs": self.jobs}
+
+
+def traced_growth(samples: Sequence[Sample], facts: WorkerFacts) -> TracedGrowth:
+    """See TracedGrowth; empty when fewer than two readings since ready counted graphs."""
+    readings: list[tuple[Sample, int]] = []  # (sample, its reading's graphs)
+    last_probes = None
+    for s in since_ready(samples, facts):
+        if s.probes is not None and s.probes.graphs is not None and s.probes != last_probes:
+            readings.append((s, s.probes.graphs))
+            last_probes = s.probes
+    if len(readings) < 2:
+        return TracedGrowth()
+    with_graphs = sum(b.memory - a.memory for (a, before), (b, after)
+                      in itertools.pairwise(readings) if after > before)
+    (first, graphs_then), (last, graphs_now) = readings[0], readings[-1]
+    return TracedGrowth(graphs=graphs_now - graphs_then, growth=last.memory - first.memory,
+                        with_graphs=with_graphs, jobs=last.jobs - first.jobs)
 
 
 def levels_off_below(slope: Slope, current: float, limit: int | None,
@@ -198,7 +286,8 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     """Numbers for the verdict, and the memory-per-job, memory-per-second and
     VRAM-per-job fits (None when there is not enough warmed-up data)."""
     last = samples[-1] if samples else None
-    after = warmed_up(samples, facts, policy)
+    explained = explained_warmup(samples, facts, policy)
+    after = warmed_up(samples, replace(facts, warmup_explained=explained), policy)
     window = after[-policy.trend_window:]
     enough = len(window) >= window_needed(policy)
     per_job = per_second = vram_per_job = None
@@ -224,6 +313,7 @@ def assess(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         baseline=facts.baseline if facts.baseline is not None else
         (after[0].memory if after else None),
         warmed_up=bool(after),
+        warmup_explained=explained,
         window=len(window) if enough else 0,
         growth_per_1k_jobs=per_job.value * 1000 if per_job else None,
         growth_per_hour=per_second.value * 3600 if per_second else None,

@@ -105,7 +105,8 @@ class WorkerHandle:
     def facts(self, recycle_turns: int = 1) -> WorkerFacts:
         """What the policy needs to know about this worker besides its samples."""
         return WorkerFacts(self.started_at, self.jobs, self.jitter, self.trend_streak,
-                           self.ready_at, self.assessment.baseline, recycle_turns)
+                           self.ready_at, self.assessment.baseline, recycle_turns,
+                           self.assessment.warmup_explained)
 
     @property
     def killed(self) -> bool:

@@ -99,6 +99,8 @@ class Recycler:
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
         worker.diagnosis = diagnose(history, facts, policy, verdict.assessment, verdict.reason,
                                     worker.ready_probes)
+        if verdict.assessment.warmup_explained and not facts.warmup_explained:
+            self._growth_in_warmup(worker, now)
         reason = verdict.reason
         crossed = reason is not None and (verdict.ruling is Ruling.KILL or reason.over_limit)
         starting = worker.state is State.STARTING
@@ -124,6 +126,19 @@ class Recycler:
         if worker.id in self.requested:
             return Candidate(worker, self.requested[worker.id], verdict)
         return None
+
+    def _growth_in_warmup(self, worker: WorkerHandle, now: float) -> None:
+        """Once per worker: its warm-up's growth is its own tracing (policy.py, Explained
+        warm-up). A finding for whoever reads the logs, not only status: no recycle need
+        follow (a plateau is not a leak), and the fix is in the model, not the policy."""
+        found = worker.diagnosis
+        log.warning("worker_growth_in_warmup", model=worker.model, worker=worker.id,
+                    pid=worker.pid, age_seconds=round(now - worker.started_at, 1),
+                    memory=worker.assessment.memory, baseline=worker.assessment.baseline,
+                    detail="grown since ready with graphs traced: the baseline is the level "
+                    "at ready, and the trend is judged from ready",
+                    **({"cause": found.cause.value, "summary": found.summary,
+                        "remedy": found.remedy, "evidence": found.evidence} if found else {}))
 
     def _serves_within_limits(self, worker: WorkerHandle) -> None:
         """A fresh worker judged under its limits: the model is known to serve."""

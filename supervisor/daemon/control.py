@@ -7,10 +7,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.config.keys import BatchingConfig
+from supervisor.config.keys import BatchingConfig, PolicyConfig
 from supervisor.core.core import Core
 from supervisor.core.diagnosis import growth_split, trends
-from supervisor.core.policy import byte_limits, over_limits
+from supervisor.core.policy import Assessment, byte_limits, over_limits, window_needed
 from supervisor.core.pool import WorkerHandle
 from supervisor.core.recycling import held_back
 from supervisor.core.traffic import WorkerRecord
@@ -101,6 +101,8 @@ class Controller:
                 "trends": found.fields(),
                 # in the policy's warm-up nothing is judged: what it grew so far is shown
                 "warmed_up": w.assessment.warmed_up, "so_far": _so_far(w),
+                # what the policy judged: its window (0: not full enough yet) and slopes
+                "judged": _judged(w.assessment, policy),
                 # what accounts for the growth, per 1k jobs (None: memory does not grow)
                 "growth_split": split.fields() if split else None,
                 "probes": probes.to_wire() if probes else None,
@@ -250,6 +252,9 @@ class Controller:
                 "jobs": worker.jobs, "age": round(now - worker.started_at, 3),
                 "in_flight": len(self.core.router.held_by(worker.id)),
                 "warmed_up": a.warmed_up, "baseline": a.baseline,
+                # its warm-up ended at ready: the growth was its own tracing (the baseline is
+                # the level at ready; policy.py, Explained warm-up)
+                "warmup_explained": a.warmup_explained,
                 "growth_per_1k_jobs": a.growth_per_1k_jobs,
                 "growth_per_hour": a.growth_per_hour,
                 "seconds_to_limit": a.seconds_to_limit,
@@ -267,6 +272,17 @@ class Controller:
                 "code": worker.code,
                 "code_current": None if worker.code is None or (disk := self.core.pool.models[
                     worker.model].code_on_disk) is None else worker.code == disk}
+
+
+def _judged(a: Assessment, policy: PolicyConfig) -> dict[str, Any]:
+    """The policy's own trend figures beside its limits, so that `explain` says what was
+    judged rather than what the probes' shorter fit shows (they disagreed: "not growing
+    beyond noise" printed above "+1.3 GiB per 1k jobs" from an unfilled window)."""
+    return {"window": a.window, "window_needed": window_needed(policy),
+            "growth_per_1k_jobs": a.growth_per_1k_jobs, "growth_per_hour": a.growth_per_hour,
+            "max_growth_per_1k_jobs": policy.max_growth_per_1k_jobs,
+            "max_growth_per_hour": policy.max_growth_per_hour,
+            "warmup_explained": a.warmup_explained}
 
 
 def _so_far(worker: WorkerHandle) -> dict[str, int] | None:
