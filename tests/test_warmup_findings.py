@@ -216,3 +216,20 @@ def test_padding_is_advised_where_lengths_vary_and_batch_sizes_where_only_they_d
     assert "padding:" in remedy(("input_ids:int32[1,225]", "input_ids:int32[1,219]"))
     batches = remedy(("x:float32[3,32]", "x:float32[5,32]"))
     assert "padding:" not in batches and "allowed_batch_sizes" in batches, batches
+
+
+def test_graphs_within_the_models_configured_shapes_are_warm_up() -> None:
+    """A tf.function without input_signature served at 8 batch sizes times 8 padding sizes
+    (ModelConfig.input_shapes 64) traces up to 64 graphs after a one-shape warm-up, each
+    with its per-shape memory: the same series is warm-up with that bound, retracing
+    without one (WorkerFacts.shapes 0: MIN_NEW_GRAPHS alone)."""
+    samples = [Sample(t=READY + i, jobs=JOBS_PER_SECOND * i,
+                      memory=LOADED + min(3 * i, 60) * 4 * MB,
+                      probes=Probes(graphs=10 + min(3 * i, 60), jobs=JOBS_PER_SECOND * i))
+               for i in range(21)]
+    policy = PolicyConfig()
+    bounded = WorkerFacts(started_at=-5.0, jobs=samples[-1].jobs, jitter=0.0, ready_at=READY,
+                          shapes=64)
+    assert not evaluate(samples, bounded, policy, 20.0).assessment.warmup_explained
+    unknown = WorkerFacts(started_at=-5.0, jobs=samples[-1].jobs, jitter=0.0, ready_at=READY)
+    assert evaluate(samples, unknown, policy, 20.0).assessment.warmup_explained

@@ -330,6 +330,14 @@ class ModelConfig:
         return from_config(self.padding)
 
     @functools.cached_property
+    def input_shapes(self) -> int:
+        """Distinct input shapes batching and padding let a worker see: the allowed batch
+        sizes times every combination of padding sizes (dimensions nothing pads may add
+        more: the policy counts graphs past a bound, core/policy.py GRAPHS_PER_SHAPE)."""
+        return len(self.batch_policy.allowed) * math.prod(
+            len(dim.sizes) for dim in self.padding.values())
+
+    @functools.cached_property
     def batch_policy(self) -> BatchPolicy:
         b = self.batching
         return BatchPolicy.from_config(b.max_batch_size, b.batch_timeout_ms,

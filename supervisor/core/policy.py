@@ -24,9 +24,11 @@ Explained warm-up
 - Warm-up exists because TensorFlow allocates on the first calls of each input shape. Growth
   that came with new traced graphs is not that: a ``tf.function`` without input_signature
   traces (and keeps) a graph per shape, and a SavedModel's restored function does so for
-  every length a text service sends. When at least EXPLAINED_BYTES grew since ready, at least
-  MIN_NEW_GRAPHS graphs were traced, and WITH_GRAPHS of the growth came between probe
-  readings that counted new graphs, the warm-up is over from ready: the baseline is the
+  every length a text service sends. When at least EXPLAINED_BYTES grew since ready, more
+  graphs were traced than a bounded set of shapes does (MIN_NEW_GRAPHS, and GRAPHS_PER_SHAPE
+  per shape the model's settings allow), their count rose between MIN_RISES pairs of probe
+  readings or more, and WITH_GRAPHS of the growth came between readings that counted new
+  graphs, the warm-up is over from ready: the baseline is the
   pre-growth level and the trend is judged from ready (the seed's encoder grew 567 → 1,300
   MiB inside a 30 s warm-up and its baseline was taken at 1.2 GiB). Once so, it stays so.
 
@@ -80,8 +82,20 @@ DECAYING = 0.5
 # The fewest samples in a window whose halves may show decay: fewer, and a noisy steady
 # leak's halves differ by chance (with trend_window 8, one leak in four was never recycled).
 MIN_DECAY_SAMPLES = 20
-# Explained warm-up (see the module docstring): traced graphs since ready, ...
-MIN_NEW_GRAPHS = 3
+# Explained warm-up (see the module docstring): traced graphs since ready, more than this
+# and more than GRAPHS_PER_SHAPE per input shape the model's settings allow
+# (WorkerFacts.shapes). A tf.function without input_signature served at a bounded set of
+# batch and padding sizes traces one graph per size on its first call after ready and takes
+# its per-shape memory then (~400 MiB for an encoder at 4 batch sizes): that is warm-up,
+# what warmup_seconds is for, however large. Only more graphs than such a set traces is
+# tracing without a bound ...
+MIN_NEW_GRAPHS = 32
+# ... (a tf.function that calls another traces both per shape: a SavedModel's signature
+# wrapper and its restored function) ...
+GRAPHS_PER_SHAPE = 2
+# ... in this many intervals between readings or more (a shape set seen at once, or readings
+# far apart, put one interval's growth, whatever it was, down to its graphs) ...
+MIN_RISES = 3
 # ... the growth since ready that counts (a few shapes of a small model trace a few MiB of
 # graphs: that is warm-up) ...
 EXPLAINED_BYTES = 64 * 1024**2
@@ -111,6 +125,10 @@ class WorkerFacts:
     recycle_turns: int = 1
     # Its warm-up's growth was found to be its own tracing (kept, like the baseline).
     warmup_explained: bool = False
+    # Distinct input shapes its model's settings let it see: allowed batch sizes times every
+    # combination of padding sizes (ModelConfig.input_shapes; 0: not known). Graphs traced
+    # once for each are warm-up, not retracing.
+    shapes: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,14 +254,19 @@ class TracedGrowth:
 
     graphs: int = 0  # traced since ready
     growth: int = 0  # bytes, first reading since ready to the last
-    with_graphs: int = 0  # bytes, in intervals that traced new graphs
+    # Bytes grown in intervals that traced new graphs: each interval's rise (a fall is not
+    # credited, or one interval's drop would hide another's), at most the growth in all.
+    with_graphs: int = 0
     jobs: int = 0
+    rises: int = 0  # intervals between readings in which the count of graphs rose
+    bound: int = MIN_NEW_GRAPHS  # graphs a bounded set of shapes may trace (see explained)
 
     @property
     def explained(self) -> bool:
-        """The growth is the tracing's: enough of it, with enough graphs, mostly with them."""
-        return self.graphs >= MIN_NEW_GRAPHS and self.growth >= EXPLAINED_BYTES and \
-            self.with_graphs >= WITH_GRAPHS * self.growth
+        """The growth is the tracing's: enough of it, with more graphs than the model's
+        bounded set of shapes traces, rising over several readings, mostly with them."""
+        return self.graphs > self.bound and self.rises >= MIN_RISES and \
+            self.growth >= EXPLAINED_BYTES and self.with_graphs >= WITH_GRAPHS * self.growth
 
     def fields(self) -> dict[str, int]:
         return {"graphs": self.graphs, "growth": self.growth,
@@ -258,13 +281,16 @@ def traced_growth(samples: Sequence[Sample], facts: WorkerFacts) -> TracedGrowth
         if s.probes is not None and s.probes.graphs is not None and s.probes != last_probes:
             readings.append((s, s.probes.graphs))
             last_probes = s.probes
+    bound = max(MIN_NEW_GRAPHS, GRAPHS_PER_SHAPE * facts.shapes)
     if len(readings) < 2:
-        return TracedGrowth()
-    with_graphs = sum(b.memory - a.memory for (a, before), (b, after)
-                      in itertools.pairwise(readings) if after > before)
+        return TracedGrowth(bound=bound)
+    rising = [max(0, b.memory - a.memory) for (a, before), (b, after)
+              in itertools.pairwise(readings) if after > before]
     (first, graphs_then), (last, graphs_now) = readings[0], readings[-1]
-    return TracedGrowth(graphs=graphs_now - graphs_then, growth=last.memory - first.memory,
-                        with_graphs=with_graphs, jobs=last.jobs - first.jobs)
+    growth = last.memory - first.memory
+    return TracedGrowth(graphs=graphs_now - graphs_then, growth=growth,
+                        with_graphs=min(sum(rising), max(0, growth)),
+                        jobs=last.jobs - first.jobs, rises=len(rising), bound=bound)
 
 
 def levels_off_below(slope: Slope, current: float, limit: int | None,

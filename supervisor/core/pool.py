@@ -102,11 +102,12 @@ class WorkerHandle:
         is ready (surge); no other leaving worker is sent anything."""
         return self.reason is not None
 
-    def facts(self, recycle_turns: int = 1) -> WorkerFacts:
-        """What the policy needs to know about this worker besides its samples."""
+    def facts(self, recycle_turns: int = 1, shapes: int = 0) -> WorkerFacts:
+        """What the policy needs to know about this worker besides its samples (``shapes``:
+        its model's ModelConfig.input_shapes)."""
         return WorkerFacts(self.started_at, self.jobs, self.jitter, self.trend_streak,
                            self.ready_at, self.assessment.baseline, recycle_turns,
-                           self.assessment.warmup_explained)
+                           self.assessment.warmup_explained, shapes)
 
     @property
     def killed(self) -> bool:

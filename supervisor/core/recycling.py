@@ -93,7 +93,8 @@ class Recycler:
             return None
         config = self.pool.models[worker.model].config
         policy = config.policy
-        facts = worker.facts(-(-config.workers // policy.max_concurrent_recycles))
+        facts = worker.facts(-(-config.workers // policy.max_concurrent_recycles),
+                             config.input_shapes)
         history = list(worker.history)
         verdict = evaluate(history, facts, policy, now)
         worker.assessment, worker.trend_streak = verdict.assessment, verdict.trend_streak
@@ -418,8 +419,10 @@ class Recycler:
         if not reason.memory:
             return None
         if worker.diagnosis is None:
-            policy = self.pool.models[worker.model].config.policy
-            worker.diagnosis = diagnose(list(worker.history), worker.facts(), policy,
+            config = self.pool.models[worker.model].config
+            policy = config.policy
+            worker.diagnosis = diagnose(list(worker.history),
+                                        worker.facts(shapes=config.input_shapes), policy,
                                         worker.assessment, reason, worker.ready_probes)
         return worker.diagnosis
 

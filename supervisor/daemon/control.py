@@ -92,7 +92,7 @@ class Controller:
         policy = state.config.policy
         workers = []
         for w in self.core.pool.of_model(state.name):
-            found = trends(list(w.history), w.facts(), policy)
+            found = trends(list(w.history), w.facts(shapes=state.config.input_shapes), policy)
             probes = w.probes
             split = growth_split(found, probes)
             workers.append({
