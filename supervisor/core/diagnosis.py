@@ -84,6 +84,9 @@ SUSPECT_FRACTION = 0.25
 
 
 _VRAM = frozenset({Reason.MAX_VRAM, Reason.VRAM_GROWTH_PER_1K_JOBS})
+# Recycles for the window's growth: the window is what was judged, and what grew in it is the
+# cause (a leak that starts after a retracing plateau is that leak's, not the graphs').
+_TREND = frozenset({Reason.GROWTH_PER_1K_JOBS, Reason.GROWTH_PER_HOUR})
 
 
 class Cause(StrEnum):
@@ -115,13 +118,19 @@ class Trends:
     tf_allocator: float | None = None  # bytes
     graphs_added: int | None = None
     shapes_added: int | None = None
-    # Fitted on the samples since ready: the policy's warm-up has not passed, and what the
-    # worker has is all there is to name a cause from (a recycle for max_memory in warm-up).
+    # Fitted on the samples since ready: too few after warm-up to fit a trend on, and what
+    # the worker has is all there is to name a cause from (a recycle for max_memory in
+    # warm-up) ...
+    since_ready: bool = False
+    # ... and the policy's warm-up has not passed at all (not the same: a worker a few polls
+    # past its warm-up is fitted since ready too, and is not in warm-up).
     warming_up: bool = False
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"window_jobs": self.jobs, "window_samples": self.samples,
                                "probe_readings": self.readings}
+        if self.since_ready:
+            out["window_since_ready"] = True
         if self.warming_up:
             out["window_in_warmup"] = True
         for name in ("memory", "children", "vram", "graphs", "shapes", "py_blocks",
@@ -239,12 +248,14 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
     """The probes' slopes over the trend window (what `explain` shows for any worker); in
     warm-up, over the samples since ready (a cause is named from the evidence there is)."""
     after = warmed_up(samples, facts, policy)
-    warming_up = len(after[-policy.trend_window:]) < MIN_TREND_SAMPLES
-    if warming_up:
+    warming_up = not after
+    fitted_since_ready = len(after[-policy.trend_window:]) < MIN_TREND_SAMPLES
+    if fitted_since_ready:
         after = since_ready(samples, facts)
     window = after[-policy.trend_window:]
     if len(window) < MIN_TREND_SAMPLES:
-        return Trends(samples=len(window), warming_up=warming_up)
+        return Trends(samples=len(window), since_ready=fitted_since_ready,
+                      warming_up=warming_up)
     jobs = np.array([s.jobs for s in window], dtype=float)
     # Readings from the whole warmed-up history, if they reach into the window: a worker
     # whose last reading predates the window says nothing about what grows now.
@@ -281,7 +292,8 @@ def trends(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig) 
         graphs=probe("graphs", MIN_COUNTER_READINGS), shapes=probe("shapes", MIN_COUNTER_READINGS),
         py_blocks=probe("py_blocks"),
         native_heap=probe("native_heap"), tf_allocator=probe("tf_allocator"),
-        graphs_added=added("graphs"), shapes_added=added("shapes"), warming_up=warming_up)
+        graphs_added=added("graphs"), shapes_added=added("shapes"),
+        since_ready=fitted_since_ready, warming_up=warming_up)
 
 
 def _readings(after: Sequence[Sample]) -> list[Sample]:
@@ -304,11 +316,18 @@ def _jobs(sample: Sample) -> int:
 
 def suspect(assessment: Assessment, reason: Reason | None, policy: PolicyConfig) -> bool:
     """Recycled (or about to be) for memory, growing confidently towards a limit, or grown
-    in warm-up by tracing graphs (a finding, not a baseline: policy.py, Explained warm-up)."""
-    if reason is not None:
-        return reason.memory
+    in warm-up by tracing graphs (a finding, not a baseline: policy.py, Explained warm-up).
+    A recycle for another reason (max_age, max_jobs) does not hide the growth: a worker
+    growing at 90 % of its limit when its age ran out was said to be under a quarter."""
+    if reason is not None and reason.memory:
+        return True
     if assessment.warmup_explained:
         return True
+    return trending(assessment, policy)
+
+
+def trending(assessment: Assessment, policy: PolicyConfig) -> bool:
+    """The memory trend is above SUSPECT_FRACTION of a growth limit that is set."""
     growth, limit = assessment.growth_per_1k_jobs, policy.max_growth_per_1k_jobs
     hourly, hourly_limit = assessment.growth_per_hour, policy.max_growth_per_hour
     return (growth is not None and limit is not None and growth > SUSPECT_FRACTION * limit) \
@@ -327,7 +346,8 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     latest = next((s.probes for s in reversed(samples) if s.probes is not None), None)
     split = growth_split(found, latest)
     traced = traced_growth(samples, facts)
-    cause = _cause(found, reason, latest, split, traced)
+    cause = _cause(found, reason, latest, split,
+                   traced if _since_ready_judged(found, reason, assessment, policy) else None)
     summary, remedy = _explain(cause, found, latest, life, split, traced)
     evidence = found.fields()
     if traced.graphs:
@@ -350,13 +370,30 @@ def diagnose(samples: Sequence[Sample], facts: WorkerFacts, policy: PolicyConfig
     return Diagnosis(cause, summary, remedy, evidence)
 
 
+def _since_ready_judged(t: Trends, reason: Reason | None, assessment: Assessment,
+                        policy: PolicyConfig) -> bool:
+    """Whether what is judged is the growth since ready rather than the window's: the
+    window is the samples since ready; or a level was crossed (max_memory, kill_memory,
+    host pressure: what filled the memory is all that grew since ready); or, with no
+    recycle, the worker is suspect for its warm-up finding alone. Not for a trend recycle,
+    nor a trend above a quarter of its limit: the window's growth is judged, and a native
+    leak that began after a retracing plateau was named retracing for graphs traced
+    minutes before a window that traced none."""
+    if t.since_ready:
+        return True
+    if reason is not None:
+        return reason not in _TREND
+    return not trending(assessment, policy)
+
+
 def _cause(t: Trends, reason: Reason | None, latest: Probes | None = None,
            split: Split | None = None, traced: TracedGrowth | None = None) -> Cause:
     """The first rule whose evidence is clear, most specific first; a cause put down to
-    bytes only when they explain a share of the growth. Graphs traced since ready that
-    came with most of the growth since ready name retracing even when the window itself
-    traced few (the shapes seen by then: a worker of the seed's encoder, whose window after
-    its warm-up added 2 graphs, was named native heap with 400 traced)."""
+    bytes only when they explain a share of the growth. ``traced``: the growth since ready,
+    given only where it is what is judged (_since_ready_judged): graphs traced since ready
+    that came with most of it name retracing even when the window itself traced few (the
+    shapes seen by then: a worker of the seed's encoder, recycled for max_memory with a
+    window that added 2 graphs, was named native heap with 400 traced)."""
     if _steady(t.graphs, t.graphs_added):
         return Cause.RETRACING
     if _steady(t.shapes, t.shapes_added):
@@ -496,9 +533,15 @@ def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
     Padding is advised where the input shapes vary (the seed's token ids of any length)."""
     traced_name = latest.traced[0][0] if latest and latest.traced else None
     total = _since(latest, life, "graphs")
-    per_job = (t.graphs or 0) / 1000
-    if not per_job and traced is not None and traced.jobs > 0:
-        per_job = traced.graphs / traced.jobs
+    # Graphs per job since ready where the since-ready growth is known, else the window's
+    # rate, said as such (the window's slope was printed as "per job" beside the total:
+    # 0.17 for 399 graphs over 7,008 jobs).
+    if traced is not None and traced.jobs > 0 and traced.graphs > 0:
+        rate = f", {traced.graphs / traced.jobs:.2g} per job over {traced.jobs:,} jobs"
+    elif t.graphs:
+        rate = f", {t.graphs / 1000:.2g} per job over the last {t.jobs:,} jobs"
+    else:
+        rate = ""
     grew = f" with +{_size(traced.with_graphs)} of memory" \
         if traced is not None and traced.explained else ""
     pad = ("; or pad the varying dimension to a few sizes (the model's `padding:` setting, "
@@ -511,7 +554,7 @@ def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
         shown = f"{name} (a SavedModel's function, traced by TensorFlow as " \
             f"{RESTORED_FUNCTION})"
         return (f"retracing: {shown} traced {total} new graphs since this worker became "
-                f"ready{grew}, {per_job:.2g} per job: it was saved without an "
+                f"ready{grew}{rate}: it was saved without an "
                 "input_signature, so each new input shape traces a new graph, kept for "
                 "the life of the process",
                 f"re-export {name} with an input_signature (tf.TensorSpec with None for each "
@@ -519,7 +562,7 @@ def _retracing_text(t: Trends, latest: Probes | None, life: Probes | None,
                 "signature (signatures={'serving_default': ...}) and call that" + pad)
     name = f"`{traced_name}`" if traced_name else "a tf.function"
     return (f"retracing: {name} traced {total} new graphs since this worker became "
-            f"ready{grew}, {per_job:.2g} per job",
+            f"ready{grew}{rate}",
             f"give {name} an input_signature (with None for the dimensions that vary), "
             "pass tensors rather than Python numbers as its arguments" + pad)
 
