@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config.units import format_duration, format_size
-from supervisor.core.diagnosis import Split
+from supervisor.core.diagnosis import SUSPECT_FRACTION, Split
 from supervisor.core.reasons import ExitCause, Hold
 
 
@@ -277,11 +277,27 @@ def _not_suspected(w: dict[str, Any]) -> str:
     slopes = [f"{_signed(judged[key])} {label}" for key, label in
               (("growth_per_1k_jobs", "per 1k jobs"), ("growth_per_hour", "per hour"))
               if judged.get(key) is not None]
-    limits = [f"{key} {format_size(judged[key])}" for key in
-              ("max_growth_per_1k_jobs", "max_growth_per_hour") if judged.get(key) is not None]
     return (f"no suspected cause: judged over {judged['window']} samples, its memory grows "
-            f"{' and '.join(slopes) or 'by no measure'}, under a quarter of its limits"
-            + (f" ({', '.join(limits)})" if limits else "") + grew)
+            f"{' and '.join(slopes) or 'by no measure'}, {_against_limits(judged)}" + grew)
+
+
+def _against_limits(judged: dict[str, Any]) -> str:
+    """How the judged slopes stand against the growth limits that are set, said only as far
+    as it is true: with both limits off there is nothing to be under, and a slope above a
+    quarter of its limit (a worker recycled for max_age, say, whose growth no diagnosis
+    was made for) is not "under a quarter"."""
+    pairs = [(judged.get(slope), key, judged[key]) for slope, key in
+             (("growth_per_1k_jobs", "max_growth_per_1k_jobs"),
+              ("growth_per_hour", "max_growth_per_hour")) if judged.get(key) is not None]
+    if not pairs:
+        return ("and no growth limit is set (max_growth_per_1k_jobs and max_growth_per_hour "
+                "are off): growth is not judged")
+    limits = ", ".join(f"{key} {format_size(limit)}" for _, key, limit in pairs)
+    ratios = [value / limit for value, _, limit in pairs if value is not None and limit > 0]
+    if all(r <= SUSPECT_FRACTION for r in ratios):
+        return f"under a quarter of its limits ({limits})"
+    return (f"{max(ratios):.0%} of its limits at the most ({limits}), not confidently over "
+            "them")
 
 
 def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
@@ -295,7 +311,8 @@ def _explain_worker(w: dict[str, Any], metric: str = "memory") -> list[str]:
              ("vram", "VRAM", True)]
     figures = [f"{label} {(_signed if size else _count)(t[f'{k}_per_1k_jobs'])}"
                for k, label, size in names if f"{k}_per_1k_jobs" in t]
-    where = " since ready, in warm-up" if t.get("window_in_warmup") else ""
+    where = " since ready, in warm-up" if t.get("window_in_warmup") else \
+        " since ready (too few after warm-up to fit)" if t.get("window_since_ready") else ""
     if figures and not t["window_jobs"]:  # idle: a slope per 1k jobs means nothing
         out.append(f"trends: no jobs over the last {t['window_samples']} samples{where}")
     else:
