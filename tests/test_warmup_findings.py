@@ -20,7 +20,7 @@ from supervisor.shared.probes import Probes, ShapeGrowth
 from tests.test_core_cases import BASE, World
 from tests.test_core_model import valid
 from tests.test_explain import heartbeat
-from worker.readings import traced
+from worker.readings import SavedNames, traced
 
 MB = 1024**2
 LOADED = 560 * MB  # a worker's memory at ready
@@ -147,7 +147,7 @@ def test_traced_names_a_restored_function_after_the_saved_function_it_calls() ->
         return "f"
 
     assert traced(names, resolve)[0] == ("restored_function_body:f", 3)
-    assert asked == ["__inference_restored_function_body_1398"]  # the newest only
+    assert sorted(asked) == sorted(n for n in names if "restored" in n)  # each on its own
     assert dict(traced(names, lambda name: None))["restored_function_body"] == 3
     assert dict(traced(names))["restored_function_body"] == 3
 
@@ -233,3 +233,23 @@ def test_graphs_within_the_models_configured_shapes_are_warm_up() -> None:
     assert not evaluate(samples, bounded, policy, 20.0).assessment.warmup_explained
     unknown = WorkerFacts(started_at=-5.0, jobs=samples[-1].jobs, jitter=0.0, ready_at=READY)
     assert evaluate(samples, unknown, policy, 20.0).assessment.warmup_explained
+
+
+def test_saved_names_asks_tensorflow_once_per_trace_and_remembers_a_bounded_number() -> None:
+    """Each restored trace is resolved on its own (traced()), so the worker remembers what
+    each calls: asked once per trace, not at every reading; past MAX_RESOLVED, not asked."""
+    from worker import readings
+
+    asked: list[str] = []
+
+    def ask(name: str) -> str | None:
+        asked.append(name)
+        return "encode"
+
+    names = SavedNames(ask)
+    assert names("__inference_restored_function_body_1") == "encode"
+    assert names("__inference_restored_function_body_1") == "encode"
+    assert asked == ["__inference_restored_function_body_1"]
+    names.known.update({f"x{i}": None for i in range(readings.MAX_RESOLVED)})
+    assert names("__inference_restored_function_body_2") is None
+    assert len(asked) == 1

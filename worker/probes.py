@@ -60,6 +60,7 @@ from supervisor.shared.probes import (
 )
 from worker.census import Census
 from worker.readings import (
+    SavedNames,
     Statm,
     TfAllocator,
     native_heap_reader,
@@ -118,7 +119,7 @@ class Sources:
         return cls(rss=statm.read, py_blocks=sys.getallocatedblocks,
                    native_heap=native_heap_reader(), functions=tf_function_names,
                    tf_allocator=TfAllocator().read, objects=gc.get_objects,
-                   saved_function=saved_function, close=statm.close)
+                   saved_function=SavedNames(saved_function), close=statm.close)
 
 
 # --- the recorder ----------------------------------------------------------------------------

@@ -32,8 +32,8 @@ KERAS_STEPS = ("one_step_on_data", "multi_step_on_data", "predict_function", "te
 BUFFER_TYPES = ("numpy.ndarray", "bytes", "bytearray", "memoryview",
                 "tensorflow.python.framework.ops.EagerTensor")
 # TensorFlow's name for the tf.function of a loaded SavedModel, whatever it was called when
-# saved: a worker reports its traces as "restored_function_body:<the saved function's name>"
-# when it can tell which one its newest trace calls (worker/readings.py), else bare.
+# saved: a worker counts each trace as "restored_function_body:<the saved function's name>"
+# when it can tell which one that trace calls (worker/readings.py), else bare.
 RESTORED_FUNCTION = "restored_function_body"
 KERAS_PREDICT_REMEDY = ("call the model as model(x, training=False) inside one tf.function "
                         "with an input_signature instead")
