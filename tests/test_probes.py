@@ -684,3 +684,19 @@ def test_a_retracing_tf_worker_shows_its_graphs_rising(workers: list[Any]) -> No
     assert end.probes is not None
     assert end.probes.traced[0][0] == "forward" and end.probes.traced[0][1] >= 31
     assert end.probes.shapes == 1  # same shapes all along: it is not the input
+
+
+def test_names_from_the_wire_are_made_printable() -> None:
+    """A worker's names reach `status`, `explain`, remedies and logs: control characters in
+    them (ESC sequences, newlines) arrive escaped, and stay within MAX_NAME."""
+    from supervisor.shared.probes import MAX_NAME as LONGEST
+
+    raw = {"traced": [["f\x1b[2J\nforged", 3]], "census": [["t\r", 1]],
+           "containers": [["c\x00" * 300, 2]],
+           "top_shapes": [["x:int32[1,\x1b]", 1, 2, 3]]}
+    probes = Probes.from_wire(raw)
+    assert probes is not None
+    assert probes.traced == (("f\\x1b[2J\\nforged", 3),)
+    assert probes.census == (("t\\r", 1),)
+    assert len(probes.containers[0][0]) <= LONGEST and probes.containers[0][0].isprintable()
+    assert probes.top_shapes[0].signature == "x:int32[1,\\x1b]"

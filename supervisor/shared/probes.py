@@ -3,7 +3,8 @@
 One definition for both sides: the worker builds a :class:`Probes` (worker/probes.py) and
 sends ``to_wire()`` in its heartbeats; the supervisor reads it back with ``from_wire``, which
 never raises and bounds everything (a broken or hostile worker may send anything: a list
-where a number belongs, NaN, a million names). Counters are cumulative over the worker's
+where a number belongs, NaN, a million names, an ESC sequence in a name: names are made
+printable whichever way a Probes is built). Counters are cumulative over the worker's
 life; the supervisor fits their slopes per 1k jobs over the trend window (supervisor/
 core/diagnosis.py).
 """
@@ -48,6 +49,10 @@ class ShapeGrowth:
     batches: int  # batches of this signature served
     first_growth: int  # bytes RSS grew across the batch where it was first seen
     growth: int  # bytes RSS grew across all its batches (growth only; falls are not credited)
+
+    def __post_init__(self) -> None:
+        if not self.signature.isprintable():
+            object.__setattr__(self, "signature", printable(self.signature)[:MAX_NAME])
 
     def to_wire(self) -> list[Any]:
         return [self.signature, self.batches, self.first_growth, self.growth]
@@ -97,6 +102,16 @@ class Probes:
     # so they may be older than the heartbeat that carries them (None: not said).
     jobs: int | None = None
 
+    def __post_init__(self) -> None:
+        """Names are the worker's text, shown by `status`, `explain`, the remedy and the
+        logs: a Probes never holds one that could forge output there (an ESC sequence, a
+        newline), however it was made (from_wire, or a test's or tool's own)."""
+        for field in ("traced", "census", "containers"):
+            pairs = getattr(self, field)
+            if not all(name.isprintable() for name, _ in pairs):
+                object.__setattr__(self, field, tuple((printable(name)[:MAX_NAME], n)
+                                                     for name, n in pairs))
+
     def cost_per_job(self) -> float | None:
         """Seconds the probes took per job answered, as of this reading."""
         return self.cost_seconds / self.jobs if self.jobs else None
@@ -133,6 +148,16 @@ class Probes:
             census_jobs=_count(raw.get("census_jobs")),
             census_bytes=_count(raw.get("census_bytes")),
             cost_seconds=_seconds(raw.get("cost_seconds")), jobs=_count(raw.get("jobs")))
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (control characters, ESC, line
+    breaks, separators) written as its escape (``\\x1b``, ``\\n``): a worker's names are
+    printed to an operator's terminal and logs as they are."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 def _count(value: object, signed: bool = False) -> int | None:
