@@ -7,7 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.cli.render import render_explain
-from supervisor.daemon.control import Controller
+from supervisor.config.keys import PolicyConfig
+from supervisor.core.diagnosis import diagnose, trends
+from supervisor.core.history import Sample
+from supervisor.core.policy import WorkerFacts, evaluate
+from supervisor.core.reasons import Reason
+from supervisor.daemon.control import Controller, _judged
 from supervisor.shared.probes import Probes, ShapeGrowth
 from supervisor.shared.protocol import HEARTBEAT, Message, encode, signed
 from tests.test_core_cases import World
@@ -137,3 +142,60 @@ def test_an_idle_worker_has_no_per_job_trend_in_explain() -> None:
     text = render_explain(explain(w, "a")["result"])
     assert "trends: no jobs over the last 20 samples" in text, text
     assert "per 1k jobs" not in text
+
+
+# --- `explain` says what the judged figures say about the limits ----------------------------
+
+def _linear(seconds: int, per_job: int, jobs_per_second: int = 160) -> list[Sample]:
+    """One sample a second from ready, memory growing ``per_job`` bytes a job."""
+    return [Sample(t=float(i), jobs=jobs_per_second * i,
+                   memory=560 * MB + per_job * jobs_per_second * i) for i in range(seconds + 1)]
+
+
+def _explain_text(samples: list[Sample], policy: PolicyConfig, facts: WorkerFacts,
+                  now: float) -> tuple[str, Any]:
+    verdict = evaluate(samples, facts, policy, now)
+    a = verdict.assessment
+    found = diagnose(samples, facts, policy, a, verdict.reason)
+    report = {"model": "m", "memory_metric": "rss", "workers": [{
+        "id": "m-1", "slot": 0, "state": "ready", "jobs": samples[-1].jobs, "memory": a.memory,
+        "baseline": a.baseline, "trends": trends(samples, facts, policy).fields(),
+        "warmed_up": a.warmed_up, "so_far": None, "judged": _judged(a, policy),
+        "growth_split": None, "probes": None, "diagnosis": found and found.fields()}]}
+    return render_explain(report), verdict
+
+
+def test_explain_does_not_say_under_a_quarter_of_limits_that_are_off() -> None:
+    """Guards render._against_limits: with both trend limits off (max_growth_per_1k_jobs
+    and max_growth_per_hour null) a worker growing 1 GiB per 1k jobs is not suspect, and
+    there is no limit to be "under a quarter of"."""
+    policy = PolicyConfig(warmup_jobs=0, warmup_seconds=0, max_growth_per_1k_jobs=None,
+                          max_growth_per_hour=None)
+    samples = _linear(80, 1024**3 // 1000)
+    text, _ = _explain_text(samples, policy, WorkerFacts(started_at=-5.0, jobs=samples[-1].jobs,
+                                                           jitter=0.0, ready_at=0.0), 80.0)
+    assert "under a quarter of its limits" not in text, text
+
+
+def test_explain_does_not_say_under_a_quarter_when_a_non_memory_recycle_hides_the_growth() -> None:
+    """Guards diagnosis.suspect: a worker growing 90 MiB per 1k jobs (90 % of
+    max_growth_per_1k_jobs) whose verdict is max_age is still suspect for its growth; a
+    non-memory recycle once hid it, and explain said "under a quarter of its limits"."""
+    policy = PolicyConfig(warmup_jobs=0, warmup_seconds=0, max_age=60.0)
+    samples = _linear(80, 90 * MB // 1000)
+    text, verdict = _explain_text(samples, policy, WorkerFacts(
+        started_at=-5.0, jobs=samples[-1].jobs, jitter=0.0, ready_at=0.0), 80.0)
+    assert verdict.reason is Reason.MAX_AGE, verdict
+    assert "under a quarter of its limits" not in text, text
+
+
+def test_explain_does_not_say_in_warm_up_of_a_worker_past_its_warm_up() -> None:
+    """Guards Trends.since_ready vs warming_up: past warm-up (warmed_up true) with fewer
+    than 6 samples after it, the probes are fitted since ready, and the line says so
+    without calling a warmed-up worker "in warm-up"."""
+    samples = _linear(34, MB // 1000)  # warm-up 30 s: 4 samples after it
+    policy = PolicyConfig()
+    text, verdict = _explain_text(samples, policy, WorkerFacts(
+        started_at=-5.0, jobs=samples[-1].jobs, jitter=0.0, ready_at=0.0), 34.0)
+    assert verdict.assessment.warmed_up
+    assert "in warm-up" not in text, text

@@ -253,3 +253,141 @@ def test_saved_names_asks_tensorflow_once_per_trace_and_remembers_a_bounded_numb
     names.known.update({f"x{i}": None for i in range(readings.MAX_RESOLVED)})
     assert names("__inference_restored_function_body_2") is None
     assert len(asked) == 1
+
+
+def _run(samples: list[Sample], policy: PolicyConfig):
+    """Poll by poll, carrying what the pool carries (baseline, streak, warmup_explained),
+    until the first verdict that is not KEEP: (samples so far, facts, verdict, diagnosis)."""
+    explained, baseline, streak = False, None, 0
+    for k in range(2, len(samples) + 1):
+        now = samples[:k]
+        facts = WorkerFacts(started_at=-5.0, jobs=now[-1].jobs, jitter=0.0,
+                            trend_streak=streak, ready_at=READY, baseline=baseline,
+                            warmup_explained=explained)
+        verdict = evaluate(now, facts, policy, now[-1].t)
+        a = verdict.assessment
+        explained, baseline, streak = a.warmup_explained, a.baseline, verdict.trend_streak
+        if verdict.ruling is not Ruling.KEEP:
+            return now, facts, verdict, diagnose(now, facts, policy, a, verdict.reason,
+                                                 samples[0].probes)
+    raise AssertionError("never recycled")
+
+
+# --- A bounded set of shapes traced once each is warm-up ----------------------------------
+
+def _bounded_shapes(seconds: int, sizes: tuple[int, ...] = (2, 4, 8, 16),
+                    per_shape: int = 100 * MB) -> list[Sample]:
+    """A tf.function served at allowed_batch_sizes [1, 2, 4, 8, 16] with the default
+    warmup_batch_sizes [1]: each other batch size traces one graph on its first call after
+    ready, and TF takes its per-shape memory then (docs/batching.md: "that encoder added
+    430 MiB after a one-shape warm-up"). Then flat: a bounded set, exactly what the
+    retracing remedy asks for ("pad inputs to fixed sizes ... so it traces once per size")."""
+    out = []
+    for i in range(seconds + 1):
+        n = min(i, len(sizes))
+        out.append(Sample(t=READY + i, jobs=JOBS_PER_SECOND * i, memory=LOADED + n * per_shape,
+                          probes=Probes(graphs=10 + n, traced=(("serve", n + 1),), shapes=n + 1,
+                                        jobs=JOBS_PER_SECOND * i, top_shapes=tuple(
+                                            ShapeGrowth(f"x:float32[{b},512]", 5, per_shape,
+                                                        per_shape) for b in sizes[:n][:3]))))
+    return out
+
+
+def test_a_bounded_set_of_batch_sizes_traced_once_each_is_warm_up_not_retracing() -> None:
+    """Guards the explained warm-up's bound (policy.py MIN_NEW_GRAPHS, GRAPHS_PER_SHAPE):
+    TF's per-shape memory taken after ready is warm-up, what warm-up exists for: no finding,
+    the baseline taken after warm-up. Named `retracing`, the baseline was 400 MiB under what
+    the model needs and the remedy asked for the allowed_batch_sizes it already had."""
+    verdict, found = judged(_bounded_shapes(20), PolicyConfig())
+    assert not verdict.assessment.warmup_explained, verdict.assessment
+    assert found is None, found and (found.cause, found.summary, found.remedy)
+
+
+# --- Growth that is not the tracing's is not named `retracing` ----------------------------
+
+def _python_leak_with_a_few_graphs(seconds: int, every: int) -> list[Sample]:
+    """A Python-object leak (5 MiB/s, py_blocks growing) in a model that traces 3 graphs of
+    1 MiB in its first 3 s (3 batch sizes); the worker's readings arrive every ``every``
+    seconds (heartbeat_interval, or a long batch between samples)."""
+    out, latest = [], None
+    for i in range(seconds + 1):
+        n = min(i, 3)
+        if i % every == 0:
+            latest = Probes(graphs=10 + n, traced=(("serve", n + 1),),
+                            py_blocks=300_000 + 3_000 * i, shapes=n + 1,
+                            jobs=JOBS_PER_SECOND * i, census=(("dict", 10 * i),))
+        out.append(Sample(t=READY + i, jobs=JOBS_PER_SECOND * i,
+                          memory=LOADED + 5 * MB * i + n * MB, probes=latest))
+    return out
+
+
+def test_a_python_leak_with_sparse_readings_is_not_put_down_to_three_graphs() -> None:
+    """Guards the explained warm-up against readings far apart (MIN_RISES, and the graphs'
+    bound): with readings every 10 s the first interval holds both the 3 graphs and 50 MiB
+    of the Python leak, which "half the growth came with graphs" once put down to the
+    tracing (cause `retracing`, remedy input_signature). 3 MiB of 103 came with them."""
+    assert not judged(_python_leak_with_a_few_graphs(20, every=1),
+                      PolicyConfig())[0].assessment.warmup_explained
+    verdict, found = judged(_python_leak_with_a_few_graphs(20, every=10), PolicyConfig())
+    assert not verdict.assessment.warmup_explained, verdict.assessment
+    assert found is None or found.cause is not Cause.RETRACING, found.summary
+
+
+def _seed_then_slow_leak(seconds: int, start: int = 150) -> list[Sample]:
+    """The seed's retracing (all 400 lengths traced in the first minute), then from
+    ``start`` a steady leak of 1 MiB/s that no graph comes with (3.5 GiB per hour)."""
+    out = []
+    for i in range(seconds + 1):
+        g, extra = graphs_at(i), max(0, i - start) * MB
+        out.append(Sample(t=READY + i, jobs=JOBS_PER_SECOND * i,
+                          memory=LOADED + g * PER_GRAPH + extra,
+                          probes=Probes(graphs=10 + g,
+                                        traced=(("restored_function_body:f", g + 1),),
+                                        py_blocks=300_000, native_heap=400 * MB + extra,
+                                        shapes=g + 1, jobs=JOBS_PER_SECOND * i,
+                                        top_shapes=TOP_SHAPES)))
+    return out
+
+
+def test_a_trend_recycle_whose_window_traced_nothing_is_not_named_retracing() -> None:
+    """Guards the scope of the since-ready retracing rule (diagnosis.py
+    _since_ready_judged). Default policy: recycled for growth_per_hour at ~195 s, its
+    trend window (the last 60 samples) traced no graph: the growth that recycled it is the
+    native heap's. Weighed since ready, the tracing before the window outweighed it, and
+    any leak smaller than the retracing's plateau (~700 MiB) was put down to graphs that
+    stopped minutes before."""
+    samples, _, verdict, found = _run(_seed_then_slow_leak(300), PolicyConfig())
+    assert verdict.reason is Reason.GROWTH_PER_HOUR, verdict
+    window = samples[-PolicyConfig().trend_window:]
+    assert window[0].probes.graphs == window[-1].probes.graphs  # nothing traced in it
+    assert found is not None and found.cause is not Cause.RETRACING, found.summary
+
+
+# --- The remedy names the saved function that was retraced -------------------------------
+
+def test_traced_does_not_name_all_restored_traces_after_the_newest_one() -> None:
+    """Guards per-trace naming (worker/readings.py traced): a SavedModel with `encode`
+    retraced per length (400 traces) and `warm` traced once, last (a periodic health check,
+    a new batch size). Named after the newest trace's function, the evidence said
+    `restored_function_body:warm x401` and the remedy "re-export `warm`"."""
+    names = {f"__inference_restored_function_body_{100 + i}" for i in range(400)}
+    names.add("__inference_restored_function_body_9000")  # warm, traced last
+    calls = {f"__inference_restored_function_body_{100 + i}": "encode" for i in range(400)}
+    calls["__inference_restored_function_body_9000"] = "warm"
+    top = traced(names, calls.get)[0]
+    assert top[0] == "restored_function_body:encode", top
+
+
+# --- A worker's text reaches the operator's terminal printable ----------------------------
+
+def test_a_worker_cannot_write_terminal_control_characters_into_explain() -> None:
+    """Guards Probes' printable names (supervisor/shared/probes.py): a broken or hostile
+    worker's traced name (any str up to 200 chars) reaches `explain`, `status` (NOTE), the
+    logs and the remedy; an ESC sequence or a newline there would forge output."""
+    name = "restored_function_body:f\x1b[2J\nseed-9 (slot 0, ready) no suspected cause"
+    samples = [Sample(s.t, s.jobs, s.memory, probes=Probes(
+        graphs=s.probes.graphs, traced=((name, 400),), shapes=400, jobs=s.jobs,
+        top_shapes=TOP_SHAPES)) for s in _seed_then_slow_leak(20)]
+    _, found = judged(samples, PolicyConfig())
+    assert found is not None
+    assert "\x1b" not in found.remedy and "\n" not in found.remedy, repr(found.remedy)
