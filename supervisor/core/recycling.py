@@ -422,9 +422,9 @@ class Recycler:
             self._last_ready(worker) and self.pool.spawning
         # The container's pressure drains first: a replacement beside the worker would only
         # add to the memory that is running out.
-        surge = (state.config.policy.surge and not reason.over_limit and
-                 reason is not Reason.CONTAINER_PRESSURE) or last
-        room = self.room(worker.model) if surge else Room(True)
+        pressure = reason is Reason.CONTAINER_PRESSURE
+        surge = (state.config.policy.surge and not reason.over_limit and not pressure) or last
+        room = self.room(worker.model) if surge or pressure else Room(True)  # pressure: shown
         # No room for a replacement beside it: it drains and stops first, then its
         # replacement starts (the model serves a worker short meanwhile). While another
         # worker of the model is already making room, it serves on and waits its turn
