@@ -158,11 +158,13 @@ def main() -> None:
     runs = [run(path.resolve(), args.minutes, scenario) for scenario in scenarios
             for path in [*args.code, here]]
     table = [["scenario", "commit", "seconds", "answered", "failed", "kernel OOM kills",
-              "peak / limit MiB", "recycles", "replacement first", "drained first (no room)",
+              "limit hits (failcnt)", "killed by the supervisor", "peak / limit MiB",
+              "recycles", "replacement first", "drained first (no room)",
               "drained early (pressure)"]]
     for r in runs:
         table.append([r.get("scenario", "leak64k"), r["commit"], r["seconds"], r["answered"],
-                      r["failed"], r["kernel_oom_kills"],
+                      r["failed"], r["kernel_oom_kills"], r.get("failcnt"),
+                      r["exits"].get("killed_over_limit", 0),
                       f"{r['peak_mib']} / {r['limit_mib']}",
                       ", ".join(f"{k}={v}" for k, v in sorted(r["recycles"].items())),
                       r["replacement_first"], r["drained_first"],
