@@ -14,12 +14,14 @@ from supervisor.core.budget import (
     MAX_BUFFER,
     MIB,
     PRIVATE,
+    WAYS_OUT_KEPT,
     Budget,
     CgroupMemory,
     OomCounter,
+    growth_rate,
     sizing_problem,
 )
-from supervisor.core.history import Reading
+from supervisor.core.history import Reading, Sample
 from supervisor.core.pool import State
 from supervisor.core.reasons import ExitCause, Hold, Reason
 from supervisor.core.recycling import held_back
@@ -326,8 +328,8 @@ def test_memory_pressure_is_the_containers_and_recycles_the_most_grown() -> None
     w.memory["a-2"] = WARM + 100 * MIB  # grew the most: its recycle frees the most
     w.memory["a-1"] = WARM + 20 * MIB
     w.poll()
-    assert w.core.pool.models["a"].recycles == {"host_pressure": 1}
-    assert w.core.pool.workers["a-2"].reason is Reason.HOST_PRESSURE
+    assert w.core.pool.models["a"].recycles == {"container_pressure": 1}
+    assert w.core.pool.workers["a-2"].reason is Reason.CONTAINER_PRESSURE
     assert w.core.pool.workers["a-2"].state is not State.READY  # drained first: no room
 
 
@@ -340,7 +342,7 @@ def test_pressure_recycles_a_worker_grown_during_the_policys_warm_up() -> None:
     assert w.core.pool.workers["a-1"].assessment.baseline is None
     w.memory["a-1"] = WARM + 100 * MIB
     w.poll()
-    assert w.core.pool.workers["a-1"].reason is Reason.HOST_PRESSURE
+    assert w.core.pool.workers["a-1"].reason is Reason.CONTAINER_PRESSURE
 
 
 def test_pressure_with_nothing_grown_recycles_nobody_and_says_the_limit_is_too_small(
@@ -531,3 +533,109 @@ def test_without_a_private_reading_the_estimate_is_a_warm_worker() -> None:
     w = world(3 * GIB, 2 * GIB)
     room = w.core.recycler.room("a")
     assert not room.fits and room.needed == WARM and room.estimate == "warm_size"
+
+
+# --- the container's pressure line: the rate, not a fixed floor ----------------------------
+
+LEAKY = CONTAINER.replace("max_memory: 1GiB, kill_memory: 2GiB", "max_memory: 3GiB")
+
+
+def leak(w: World, per_poll: int, polls: int, limit: int, usage: int,
+         host: int | None = None) -> int:
+    """``polls`` polls a second apart, every worker in rotation ``per_poll`` bigger at each
+    and the container's usage with them; returns the usage."""
+    for _ in range(polls):
+        w.tick(1.0)
+        for worker in w.core.pool.ready("a"):
+            w.memory[worker.id] += per_poll
+            usage += per_poll
+        w.core.memory(CgroupMemory(1, "/cg", limit, usage, 0, None, 0), host, poll=True)
+        w.poll()
+    return usage
+
+
+def test_growth_rate_reads_a_rise_over_polls_not_one_reading() -> None:
+    def samples(memory: list[int]) -> list[Sample]:
+        return [Sample(float(t), 0, m) for t, m in enumerate(memory)]
+
+    assert growth_rate(samples([100] * 6), None) == 0.0
+    assert growth_rate(samples([100, 90, 80, 70, 60]), None) == 0.0  # shrinking: no growth
+    assert growth_rate(samples([0, 10, 20, 30, 40, 50]), None) == 10.0
+    # One reading 40 high in the middle of a flat series is not a leak of 40 a second.
+    assert growth_rate(samples([100, 100, 140, 100, 100]), None) == 0.0
+    # A leak that speeds up: the recent half is steeper and counts.
+    assert growth_rate(samples([0, 0, 0, 10, 30]), None) == 15.0
+    # Its loading (before ready) is budgeted as loading, not as a leak.
+    assert growth_rate(samples([0, 500, 900, 900, 900]), since=2.0) == 0.0
+
+
+def test_the_recycle_lead_is_a_poll_then_the_measured_way_out() -> None:
+    budget = Budget()
+    assert budget.lead(0.5) == 0.5 + 1.5 * 0.5  # none measured: a poll
+    for seconds in (0.2, 0.3, 0.4):
+        budget.way_out(seconds)
+    assert budget.lead(0.5) == 0.5 + 1.5 * 0.5  # never less than a poll
+    budget.way_out(3.0)  # one stop that met a busy machine does not set the line...
+    assert budget.lead(0.5) == 0.5 + 1.5 * 0.5
+    budget.way_out(1.0)  # ...two do
+    assert budget.lead(0.5) == 0.5 + 1.5 * 1.0
+    for _ in range(20):
+        budget.way_out(0.1)
+    assert len(budget.ways_out) == WAYS_OUT_KEPT
+
+
+def test_container_pressure_is_judged_by_the_rate_not_the_kill_buffer() -> None:
+    """Two workers leak 50 MiB a poll each (100 MiB/s together) in a 4 GiB limit whose kill
+    buffer is 205 MiB: the pressure line is 205 MiB + 100 MiB/s x 2.5 s (a poll, then a way
+    out of at least a poll, x 1.5) = 455 MiB. At 424 MiB of headroom, far above the kill
+    buffer that alone judged it before, the most grown worker drains: at that rate the
+    limit is 4 s away."""
+    limit = 4 * GIB
+    w = world(limit, limit - GIB, LEAKY)
+    usage = leak(w, 50 * MIB, 5, limit, limit - GIB)
+    assert w.core.pool.models["a"].recycles == {}  # 774 MiB of headroom: over the line
+    leak(w, 50 * MIB, 1, limit, usage)
+    pressure = w.core.budget.pressure
+    assert pressure is not None and pressure.headroom == 424 * MIB
+    assert pressure.buffer == w.core.budget.buffer(None) < pressure.headroom < pressure.line
+    assert pressure.line == pressure.buffer + 250 * MIB  # 100 MiB/s x 2.5 s
+    assert w.core.pool.models["a"].recycles == {"container_pressure": 1}  # one frees enough
+    [gone] = [x for x in w.core.pool.workers.values() if x.leaving]
+    assert gone.reason is Reason.CONTAINER_PRESSURE and gone.state is not State.READY
+    status = Controller(w.core, lambda answer: None, lambda: True, lambda: True).status(w.now)
+    assert status["memory_budget"]["pressure_line"] == pressure.line
+    assert "pressure line 454.8MiB: kill buffer 204.8MiB + growth 100.0MiB/s x recycle " \
+        "lead 2.5s" in render_status(status)
+
+
+def test_pressure_drains_several_when_one_cannot_free_enough_in_time() -> None:
+    """Three workers grown 300 MiB each and growing 100 MiB/s each: one drained frees 300 MiB,
+    short of the gap; a second drains beside it (past max_concurrent_recycles: the
+    container's line is a hard one), and the model keeps its last ready worker."""
+    limit = 4 * GIB
+    w = world(limit, 3 * GIB, LEAKY.replace("workers: 2", "workers: 3"))
+    leak(w, 100 * MIB, 3, limit, limit - 1200 * MIB)  # headroom 300 MiB, line 955 MiB
+    state = w.core.pool.models["a"]
+    assert state.recycles == {"container_pressure": 2}
+    assert len(w.core.pool.ready("a")) == 1 and not w.core.pool.ready("a")[0].leaving
+
+
+def test_headroom_that_will_not_last_a_poll_kills_before_the_kernel() -> None:
+    limit = 4 * GIB
+    w = world(limit, GIB, LEAKY)
+    leak(w, 100 * MIB, 4, limit, GIB)  # 200 MiB/s together, with gigabytes to spare
+    assert w.core.pool.models["a"].recycles == {}
+    # Then something else in the container takes all but 250 MiB: 50 MiB left after this
+    # poll's growth, a quarter of what the workers grow by before the next one.
+    leak(w, 100 * MIB, 1, limit, limit - 250 * MIB)
+    killed = [x for x in w.core.pool.workers.values() if x.killed]
+    assert [x.kill_reason for x in killed] == [Reason.CONTAINER_PRESSURE]
+    w.exit(killed[0].id, -9)
+    assert w.core.pool.models["a"].exits == {ExitCause.KILLED_OVER_LIMIT: 1}
+
+
+def test_under_a_limit_the_hosts_memory_is_named_when_it_is_the_tighter() -> None:
+    limit = 4 * GIB
+    w = world(limit, 2 * GIB, LEAKY)
+    leak(w, 50 * MIB, 5, limit, 2 * GIB, host=300 * MIB)  # the host has less than the cgroup
+    assert w.core.pool.models["a"].recycles == {"host_pressure": 1}

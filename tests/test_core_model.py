@@ -44,7 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor.config.keys import Config
 from supervisor.config.loading import parse_config
 from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.core.budget import CgroupMemory
+from supervisor.core.budget import WAYS_OUT_KEPT, CgroupMemory
 from supervisor.core.core import Core
 from supervisor.core.history import LIFE_POINTS, Reading
 from supervisor.core.pool import State
@@ -363,6 +363,8 @@ class CoreMachine(RuleBasedStateMachine):
         floor, headroom = budget.pressure_floor(None), budget.headroom()
         if floor is not None and headroom is not None and headroom < floor:
             return  # the container's hard line
+        if budget.pressure is not None and budget.pressure.under:
+            return  # the same line, drawn ahead of the workers' growth (budget.Pressure)
         for name, ids in before.items():
             state = pool.models.get(name)
             if not ids or state is None or pool.ready(name) or state.removed or \
@@ -689,6 +691,19 @@ class CoreMachine(RuleBasedStateMachine):
             deadlines = [j.deadline for j in queue if j.deadline is not None]
             assert router.expiries.earliest(model) == (min(deadlines) if deadlines else None)
             assert len(router.expiries.heaps.get(model, [])) <= 2 * router.max_queue + 17
+
+    @invariant()
+    def the_pressure_line_is_bounded_and_never_under_the_kill_buffer(self) -> None:
+        """The ways out the lead is measured on stay in fixed room; the container's pressure
+        line is never below its kill buffer (the static floor is a minimum), nor its lead
+        below a poll."""
+        budget = self.core.budget
+        assert len(budget.ways_out) <= WAYS_OUT_KEPT
+        assert all(seconds >= 0 for seconds in budget.ways_out)
+        pressure = budget.pressure
+        if pressure is not None:
+            assert pressure.rate >= 0 and pressure.lead >= 1.0  # poll_interval: 1s
+            assert pressure.line >= pressure.buffer == budget.buffer(None)
 
     @invariant()
     def told_to_go_means_out_of_rotation(self) -> None:

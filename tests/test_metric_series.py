@@ -229,6 +229,10 @@ def test_exit_causes_come_from_the_reason_and_the_exit_status() -> None:
         (Reason.MAX_JOBS, Reason.HUNG, True, True, kill, ExitCause.HUNG),
         (Reason.MAX_MEMORY, Reason.KILL_MEMORY, True, True, kill, ExitCause.KILLED_OVER_LIMIT),
         (Reason.MAX_MEMORY, Reason.MAX_MEMORY, True, False, kill, ExitCause.KILLED_OVER_LIMIT),
+        # The container's pressure: drained and stopped, or killed before the kernel would.
+        (Reason.CONTAINER_PRESSURE, None, True, True, 0, ExitCause.RECYCLED),
+        (Reason.CONTAINER_PRESSURE, Reason.CONTAINER_PRESSURE, True, True, kill,
+         ExitCause.KILLED_OVER_LIMIT),
         (Reason.JOB_TIMEOUT, Reason.JOB_TIMEOUT, True, True, kill, ExitCause.JOB_TIMEOUT),
         (Reason.PROTOCOL_ERROR, Reason.PROTOCOL_ERROR, True, True, kill,
          ExitCause.PROTOCOL_ERROR),

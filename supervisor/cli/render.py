@@ -119,11 +119,16 @@ def _budget_line(budget: dict[str, Any] | None) -> str | None:
         return None
     limit = budget.get("limit")
     high = f", high {format_size(budget['high'])}" if budget.get("high") is not None else ""
+    line = budget.get("pressure_line")
+    floor = f"kill buffer {format_size(budget['kill_buffer'])}"
+    if line is not None:  # the line the rate draws (core/budget.py, Pressure)
+        floor = (f"pressure line {format_size(line)}: {floor} + growth "
+                 f"{format_size(budget.get('growth_rate') or 0)}/s x recycle lead "
+                 f"{budget.get('recycle_lead_seconds') or 0:.1f}s")
     return (f"memory budget (cgroup v{budget['version']} {budget['cgroup']}): limit "
             f"{format_size(limit)}{high}, working set {format_size(budget['working_set'])}, "
-            f"headroom {format_size(budget.get('headroom'))} (kill buffer "
-            f"{format_size(budget['kill_buffer'])}); kernel OOM kills since start: "
-            f"{budget['oom_kills']}")
+            f"headroom {format_size(budget.get('headroom'))} ({floor}); kernel OOM kills "
+            f"since start: {budget['oom_kills']}")
 
 
 def _supervisor_notes(own: dict[str, Any] | None) -> list[str]:

@@ -534,11 +534,13 @@ class SupervisorSection:
         Duration(MIN_WAIT), 30.0, "On SIGTERM, how long queued and in-flight jobs may take to "
         "finish.")
     min_available_memory: int | None = setting(
-        Optional(Size()), None, "Memory pressure: below this much headroom (the host's "
-        "available memory, or under a cgroup limit the limit less the working set, whichever "
-        "is tighter) the fastest-growing worker is recycled, one at a time; also the kill "
-        "buffer a replacement must leave free. Unset: under a cgroup limit 5% of it (at most "
-        "512MiB), else the rule is off.")
+        Optional(Size()), None, "Memory pressure. On a bare host: below this much available "
+        "memory the fastest-growing worker is recycled, one at a time (host_pressure). Under "
+        "a cgroup limit: the kill buffer, what must stay free (also beside a replacement); "
+        "workers are recycled (container_pressure) when the headroom (the limit less the "
+        "working set, or the host's available memory where tighter) is under it plus the "
+        "workers' growth rate times what a recycle takes to free memory. Unset: under a "
+        "cgroup limit 5% of it (at most 512MiB), else the rule is off.")
     worker_oom_score_adj: int = setting(
         Int(-1000, 1000), 500, "oom_score_adj given to every worker (and what it starts) so "
         "that, where the kernel OOM-kills one process, it picks a worker, not the supervisor. "

@@ -8,10 +8,15 @@ module decides, with no clock and no I/O:
 - **headroom**: the tighter of the host's available memory and the cgroup's limit minus its
   working set (usage less inactive file cache: the kubelet's and cAdvisor's figure, since
   the kernel reclaims that cache before it kills);
-- **kill buffer**: how close to the limit counts as pressure when
-  ``supervisor.min_available_memory`` is unset: ``BUFFER_FRACTION`` of the limit, at most
-  ``MAX_BUFFER`` (Ray's memory monitor acts at 95 % of its cgroup for the same reason: one
-  poll interval of growth must not reach the limit);
+- **kill buffer**: what must stay free when ``supervisor.min_available_memory`` is unset:
+  ``BUFFER_FRACTION`` of the limit, at most ``MAX_BUFFER`` (Ray's memory monitor acts at 95 %
+  of its cgroup);
+- **pressure line**: under a limit, the kill buffer is not enough on its own: a leak of
+  65 MiB a poll crosses a 75 MiB buffer in one poll, and a recycle takes longer than that
+  while the other workers keep growing. Pressure starts when the headroom is under the kill
+  buffer *plus* what the workers will grow by before a recycle can free memory: their
+  growth rate (``growth_rate``, summed) times the lead (``Budget.lead``: one poll to notice,
+  then a way out as long as the slowest of the last ones measured, with a margin);
 - **room**: whether one more process of a given size fits (working set + what the workers
   still loading will grow to + that size + the buffer, under the limit). A recycle starts its
   replacement first only when it does (``recycling.py``), and a replacement is spawned
@@ -26,10 +31,12 @@ before budgets existed: everything fits, and pressure is the host's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from supervisor.config.keys import ModelConfig, PolicyConfig
+from supervisor.core.history import Sample
 from supervisor.core.pool import Pool, State, WorkerHandle
 
 MIB = 1024**2
@@ -38,6 +45,14 @@ BUFFER_FRACTION = 0.05
 MAX_BUFFER = 512 * MIB
 # What the supervisor itself is allowed when a container is sized (it uses tens of MB).
 SUPERVISOR_SHARE = 64 * MIB
+# A worker's growth rate is read over its last RATE_POLLS poll intervals, and over the last
+# half of them when that is steeper (a leak that speeds up under a burst of traffic).
+RATE_POLLS = 4
+# Ways out (drain and stop, from out of rotation to exited) remembered: the slowest of them
+# is what the next recycle is expected to take.
+WAYS_OUT_KEPT = 8
+# The lead's margin over the slowest recent way out (a busier machine, a longer job).
+LEAD_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -154,6 +169,26 @@ class Budget:
         self.host_available: int | None = None
         self.polled: CgroupMemory | None = None  # the reading of the last poll
         self.oom = OomCounter()
+        # How long the last ways out took (seconds from out of rotation to exited).
+        self.ways_out: deque[float] = deque(maxlen=WAYS_OUT_KEPT)
+        # The pressure line at the last poll under a limit (Pressure), shown by status.
+        self.pressure: Pressure | None = None
+
+    def way_out(self, seconds: float) -> None:
+        """A worker drained and stopped in ``seconds``: what a pressure recycle takes."""
+        self.ways_out.append(max(0.0, seconds))
+
+    def way_out_seconds(self, poll_interval: float) -> float:
+        """What a way out takes: the slowest of the last ones but one (one stop that met a
+        busy machine does not set the line for the next eight), and never less than a poll
+        (before any is measured, a poll)."""
+        slowest = sorted(self.ways_out)[-2:]
+        return max(poll_interval, slowest[0] if slowest else poll_interval)
+
+    def lead(self, poll_interval: float) -> float:
+        """How long before the limit a pressure recycle must begin: up to one poll before
+        the headroom is seen to fall, then the way out with a margin."""
+        return poll_interval + LEAD_MARGIN * self.way_out_seconds(poll_interval)
 
     def update(self, cgroup: CgroupMemory | None, host_available: int | None,
                poll: bool = True) -> None:
@@ -216,10 +251,71 @@ class Budget:
         cgroup = self.cgroup
         if cgroup is None:
             return None
+        pressure = self.pressure.fields() if self.pressure is not None else {}
         return {"cgroup": cgroup.path, "version": cgroup.version, "limit": cgroup.limit,
                 "high": cgroup.high, "working_set": cgroup.working_set, "usage": cgroup.usage,
                 "headroom": self.headroom(), "kill_buffer": self.buffer(floor),
-                "host_available": self.host_available, "oom_kills": self.oom.total}
+                "host_available": self.host_available, "oom_kills": self.oom.total,
+                **pressure}
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """The container's pressure line at one poll, with its parts (the recycle event's
+    figures): pressure when the headroom is under ``line``."""
+
+    headroom: int
+    buffer: int  # the kill buffer: what stays free when the worst case happens
+    rate: float  # bytes per second the serving workers grow by, together
+    lead: float  # seconds a recycle takes to free memory, from the poll that decides it
+
+    @property
+    def line(self) -> int:
+        return self.buffer + int(self.rate * self.lead)
+
+    @property
+    def under(self) -> bool:
+        return self.headroom < self.line
+
+    @property
+    def seconds_to_limit(self) -> float | None:
+        """At this rate, when the limit is reached (None: not growing)."""
+        return max(0.0, self.headroom / self.rate) if self.rate > 0 else None
+
+    def fields(self) -> dict[str, int | float | None]:
+        return {"headroom": self.headroom, "kill_buffer": self.buffer,
+                "pressure_line": self.line, "growth_rate": round(self.rate),
+                "recycle_lead_seconds": round(self.lead, 2),
+                "seconds_to_limit": None if self.seconds_to_limit is None
+                else round(self.seconds_to_limit, 1)}
+
+    def __str__(self) -> str:
+        return (f"container headroom {_mib(self.headroom)} under the pressure line "
+                f"{_mib(self.line)}: kill buffer {_mib(self.buffer)} + growth "
+                f"{_mib(int(self.rate))}/s x recycle lead {self.lead:.2f}s")
+
+
+def growth_rate(samples: Sequence[Sample], since: float | None,
+                polls: int = RATE_POLLS) -> float:
+    """Bytes per second a worker grows by now: its memory's rise over its last ``polls``
+    poll intervals, or over the last half of them when that is steeper; 0 while it shrinks,
+    and counting only samples from ``since`` on (ready: a worker's loading is budgeted as
+    such, ``still_loading``). A rise over several polls, not the last one alone, so that one
+    noisy reading does not make a leak."""
+    recent = [s for s in list(samples)[-(polls + 1):] if since is None or s.t >= since]
+    rates = []
+    for first in (recent[0:1], recent[-(polls // 2 + 1):-(polls // 2)]):
+        if first and recent[-1].t > first[0].t:
+            rates.append((recent[-1].memory - first[0].memory) / (recent[-1].t - first[0].t))
+    return max([0.0, *rates])
+
+
+def serving_growth(workers: Iterable[WorkerHandle]) -> float:
+    """Bytes per second the container's working set grows by: the growth rates of the
+    workers in rotation, added up (a worker out of rotation runs at most the jobs it holds;
+    one still loading is budgeted as such, ``still_loading``)."""
+    return sum(growth_rate(list(w.history), w.ready_at) for w in workers
+               if w.state is State.READY)
 
 
 def _mib(value: int) -> str:

@@ -57,6 +57,7 @@ class Lifecycle:
             return
         _leave(worker, reason)
         worker.state = State.DRAINING  # READY -> DRAINING
+        worker.out_at = now
         worker.drain_deadline = now + self.pool.models[worker.model].config.policy.drain_timeout
 
     def stop(self, worker: WorkerHandle, reason: Reason, now: float) -> None:
@@ -65,6 +66,8 @@ class Lifecycle:
             return
         self._lose_jobs(worker, f"worker {worker.id} was stopped ({reason})", reason)
         _leave(worker, reason)
+        if worker.out_at is None and worker.ready_at is not None:
+            worker.out_at = now
         worker.state = State.STOPPING  # STARTING | READY | DRAINING -> STOPPING
         worker.stop_deadline = now + STOP_GRACE
         self.outbox.append(Stop(worker.id))
@@ -101,6 +104,10 @@ class Lifecycle:
             return
         del self.pool.workers[worker.id]
         told = worker.state is State.STOPPING  # told to exit, killed, or said it would
+        if told and worker.out_at is not None and not worker.killed:
+            # What a recycle takes to free memory, once a worker leaves rotation (the
+            # container's pressure line is drawn that far ahead: budget.Budget.lead).
+            self.budget.way_out(now - worker.out_at)
         worker.state = State.GONE  # any state -> GONE (reaped, or never started)
         # A worker that never came up in time failed to boot, even though we killed it.
         asked = worker.reason is not None and worker.reason is not Reason.START_TIMEOUT

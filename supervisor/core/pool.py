@@ -73,6 +73,7 @@ class WorkerHandle:
     reason: Reason | None = None  # set once, when its way out begins
     stop_deadline: float | None = None
     drain_deadline: float | None = None
+    out_at: float | None = None  # when it left rotation (drained or stopped): its way out
     kill_reason: Reason | None = None  # why the supervisor sent SIGKILL, once it has
     fresh: bool = True  # not yet judged since it became ready
     history: History = field(default_factory=History)

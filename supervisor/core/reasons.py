@@ -25,8 +25,9 @@ class Reason(StrEnum):
     GROWTH_PER_1K_JOBS = "growth_per_1k_jobs"
     GROWTH_PER_HOUR = "growth_per_hour"
     VRAM_GROWTH_PER_1K_JOBS = "vram_growth_per_1k_jobs"
-    # The host.
+    # Memory pressure: the host's available memory, or the container's limit (its cgroup's).
     HOST_PRESSURE = "host_pressure"
+    CONTAINER_PRESSURE = "container_pressure"
     # Lifetime limits.
     MAX_JOBS = "max_jobs"
     MAX_AGE = "max_age"
@@ -99,7 +100,8 @@ _MEMORY = frozenset({Reason.KILL_MEMORY, Reason.MAX_MEMORY, Reason.MAX_VRAM,
 _PLANNED = frozenset({Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.GROWTH_PER_1K_JOBS,
                       Reason.GROWTH_PER_HOUR, Reason.VRAM_GROWTH_PER_1K_JOBS, Reason.MAX_JOBS,
                       Reason.MAX_AGE, Reason.MANUAL, Reason.RELOAD, Reason.SCALE_DOWN})
-_URGENCY = [Reason.KILL_MEMORY, Reason.MAX_MEMORY, Reason.MAX_VRAM, Reason.HOST_PRESSURE,
+_URGENCY = [Reason.KILL_MEMORY, Reason.CONTAINER_PRESSURE, Reason.MAX_MEMORY, Reason.MAX_VRAM,
+            Reason.HOST_PRESSURE,
             Reason.GROWTH_PER_1K_JOBS, Reason.GROWTH_PER_HOUR, Reason.VRAM_GROWTH_PER_1K_JOBS,
             Reason.MANUAL, Reason.RELOAD, Reason.MAX_JOBS, Reason.MAX_AGE]
 
@@ -149,7 +151,8 @@ def exit_cause(reason: Reason | None, kill_reason: Reason | None, told: bool, re
     if code == -signal.SIGKILL and kill_reason is None:
         return ExitCause.KILLED_EXTERNALLY
     if kill_reason is not None:
-        if kill_reason.over_limit:
+        # Killed before the kernel would: the container's limit is a limit too.
+        if kill_reason.over_limit or kill_reason is Reason.CONTAINER_PRESSURE:
             return ExitCause.KILLED_OVER_LIMIT
         if not kill_reason.exit_cause.expected and kill_reason not in _FOLLOW_UP_KILLS:
             return kill_reason.exit_cause  # a fault outranks the way out it interrupted

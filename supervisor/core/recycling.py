@@ -14,7 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.core.budget import Budget, Room, replacement_size, still_loading
+from supervisor.core.budget import (
+    Budget,
+    Pressure,
+    Room,
+    replacement_size,
+    serving_growth,
+    still_loading,
+)
 from supervisor.core.diagnosis import Diagnosis, diagnose
 from supervisor.core.lifecycle import Lifecycle
 from supervisor.core.policy import Ruling, Verdict, evaluate, pressure_victim
@@ -254,70 +261,141 @@ class Recycler:
 
     def memory_pressure(self, now: float) -> None:
         """Headroom (the host's available memory, or the container's under its limit,
-        whichever is tighter) below the floor (``min_available_memory``, else the kill buffer
-        under a limit): memory is freed, one worker at a time. Under a container limit, a
-        worker that serves on until its replacement is ready drains now (it is leaving anyway:
-        nothing frees memory sooner, and the kernel kills at the limit); else, unless a worker
-        is already on its way out of rotation, the fastest-growing worker is recycled (drained
-        first under a limit: there is no room beside it; replaced first on the host alone, as
-        before budgets existed)."""
+        whichever is tighter) below the floor: memory is freed. On the host alone (the floor
+        is ``min_available_memory``), the fastest-growing worker is recycled, replacement
+        first, one at a time, as before budgets existed. Under a container limit the line is
+        drawn by the rate (``_container_pressure``)."""
         floor = self.budget.pressure_floor(self.pool.config.supervisor.min_available_memory)
         available = self.budget.headroom()
-        if floor is None or available is None or available >= floor:
+        self.budget.pressure = None
+        if floor is None or available is None:
             return
-        where = "host" if self.budget.limit is None else "container"
-        detail = f"{where} has {available} bytes available, under {floor}"
+        if self.budget.limit is not None:
+            self._container_pressure(available, floor, now)
+            return
+        if available >= floor:
+            return
+        detail = f"host has {available} bytes available, under {floor}"
         workers = list(self.pool.workers.values())
-        serving_on = [w for w in workers if w.state is State.READY and w.leaving]
-        if serving_on and self.pool.spawning and self.budget.limit is not None:
-            worker = max(serving_on, key=lambda w: w.assessment.memory or 0)
-            log.warning("worker_draining_first", model=worker.model, worker=worker.id,
-                        pid=worker.pid, reason=str(worker.reason),
-                        detail=f"memory pressure: {detail}")
-            self.lifecycle.drain(worker, worker.reason or Reason.HOST_PRESSURE, now)
-            return
-        if any(w.reason is Reason.HOST_PRESSURE for w in workers) or (
-                self.budget.limit is not None and
-                any(w.state in (State.DRAINING, State.STOPPING) for w in workers)):
+        if any(w.reason is Reason.HOST_PRESSURE for w in workers):
             return  # memory is on its way to being freed
-        # The container's line is a hard one: a replacement still loading does not hold it
-        # back (only a worker already on its way out does).
         eligible = [w for state in self.pool.models.values() for w in self.pool.ready(state.name)
                     if not w.leaving and state.config.policy.max_concurrent_recycles >
                     sum(1 for x in self.pool.of_model(state.name) if x.leaving)]
-        if self.budget.limit is not None:
-            victim = self._grown_most(eligible, available, floor, now)
-        else:
-            victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
-            victim = self.pool.workers[victim_id] if victim_id is not None else None
-        if victim is None:
+        victim_id = pressure_victim([(w.id, w.assessment) for w in eligible])
+        if victim_id is None:
             return
+        victim = self.pool.workers[victim_id]
         verdict = Verdict(Ruling.RECYCLE, Reason.HOST_PRESSURE, detail, victim.assessment)
         self.start(victim, Reason.HOST_PRESSURE, verdict, now)
 
+    def _container_pressure(self, available: int, buffer: int, now: float) -> None:
+        """Under a container limit the kernel kills at the limit, so a recycle must begin
+        while the workers' growth can still be absorbed: the line is the kill buffer plus
+        what the serving workers will grow by before a recycle frees memory (their growth
+        rate times the measured lead, ``budget.Pressure``). Under it, memory is freed until
+        the projection clears the line: first the workers already on their way out (those
+        draining or stopping are counted at what they free; one serving on until its
+        replacement is ready drains now: nothing frees memory sooner), then the most grown
+        workers, drained first (there is no room beside them), and more than
+        ``max_concurrent_recycles`` at once only when one cannot free enough in time (never
+        a model's last ready worker, then). When, with what is on its way out, the headroom
+        will not last until the next poll, a drain is too slow: the most grown worker is
+        killed, before the kernel does it.
+        Named ``container_pressure`` when the container's headroom is the tighter, else
+        ``host_pressure``."""
+        sup = self.pool.config.supervisor
+        workers = list(self.pool.workers.values())
+        pressure = Pressure(available, buffer, serving_growth(workers),
+                            self.budget.lead(sup.poll_interval))
+        self.budget.pressure = pressure
+        if not pressure.under:
+            return
+        reason = Reason.CONTAINER_PRESSURE if self._container_binds() else Reason.HOST_PRESSURE
+        detail = str(pressure) if reason is Reason.CONTAINER_PRESSURE else \
+            f"host has {available} bytes available, under {pressure.line}"
+        freeing = sum(_grown(w) for w in workers
+                      if w.state in (State.DRAINING, State.STOPPING))
+        if available + freeing < pressure.rate * sup.poll_interval:
+            self._kill_for_room(workers, reason, detail, pressure, now)
+            return
+        short = pressure.line - available - freeing
+        serving_on = sorted((w for w in workers if w.state is State.READY and w.leaving),
+                            key=lambda w: -(w.assessment.memory or 0))
+        for worker in serving_on:
+            if short <= 0 or not self.pool.spawning:
+                return
+            log.warning("worker_draining_first", model=worker.model, worker=worker.id,
+                        pid=worker.pid, reason=str(worker.reason),
+                        detail=f"memory pressure: {detail}", **pressure.fields())
+            self.lifecycle.drain(worker, worker.reason or reason, now)
+            short -= _grown(worker)
+        alarm = short == pressure.line - available  # nothing at all on its way out
+        while short > 0:
+            victim = self._grown_most(self._pressure_eligible(), available, pressure.line,
+                                      now, alarm)
+            if victim is None:
+                return
+            alarm = False
+            verdict = Verdict(Ruling.RECYCLE, reason, detail, victim.assessment)
+            self.start(victim, reason, verdict, now)
+            short -= _grown(victim)
+
+    def _container_binds(self) -> bool:
+        """The container's headroom, not the host's, is the tighter."""
+        cgroup, limit = self.budget.cgroup, self.budget.limit
+        if cgroup is None or limit is None:
+            return False
+        host = self.budget.host_available
+        return host is None or limit - cgroup.working_set <= host
+
+    def _pressure_eligible(self) -> list[WorkerHandle]:
+        """Ready workers not yet leaving: within ``max_concurrent_recycles`` of their model,
+        or beyond it when they are not their model's last ready worker (the container's line
+        is a hard one: a replacement still loading holds nothing back)."""
+        eligible: list[WorkerHandle] = []
+        for state in self.pool.models.values():
+            leaving = sum(1 for x in self.pool.of_model(state.name) if x.leaving)
+            ready = [w for w in self.pool.ready(state.name) if not w.leaving]
+            within = state.config.policy.max_concurrent_recycles > leaving
+            eligible.extend(w for w in ready if within or len(ready) > 1)
+        return eligible
+
+    def _kill_for_room(self, workers: list[WorkerHandle], reason: Reason, detail: str,
+                       pressure: Pressure, now: float) -> None:
+        """The headroom will not last a way out: a kill is the only thing fast enough. One
+        at a time (a kill already sent frees its memory within moments): the worker on its
+        way out that has grown the most (its jobs were about to end anyway), else the most
+        grown serving worker."""
+        if any(w.killed for w in workers):
+            return
+        leaving = [w for w in workers if w.state in (State.DRAINING, State.STOPPING)]
+        pool = leaving if any(_grown(w) >= PRESSURE_MIN_GAIN for w in leaving) else \
+            [w for w in workers if w.state is State.READY]
+        victim = max(pool, key=_grown, default=None)
+        if victim is None or _grown(victim) < PRESSURE_MIN_GAIN:
+            return
+        verdict = Verdict(Ruling.KILL, reason, f"{detail}; the headroom lasts "
+                          f"{pressure.seconds_to_limit or 0.0:.2f}s, not until the next poll: "
+                          "killed before the kernel does", victim.assessment)
+        self.kill(victim, verdict, now)
+
     def _grown_most(self, eligible: list[WorkerHandle], available: int, floor: int,
-                    now: float) -> WorkerHandle | None:
+                    now: float, alarm: bool = True) -> WorkerHandle | None:
         """Under a container limit, the worker whose recycle frees the most: the most grown
         over its baseline (a fresh worker comes back at its baseline, so recycling one that
         has not grown frees nothing and only costs a model load). None, and a warning at
         most every PRESSURE_ALARM_SPACING, when none has grown by PRESSURE_MIN_GAIN: the
-        limit is too small for these workers, which no recycle fixes."""
-        def grown(worker: WorkerHandle) -> int:
-            fresh = worker.assessment.baseline
-            if fresh is None:  # still in the policy's warm-up: its first reading when ready
-                after = [p.memory for p in worker.history.life.points
-                         if worker.ready_at is not None and p.t >= worker.ready_at]
-                fresh = after[0] if after else None
-            return (worker.assessment.memory or 0) - fresh if fresh is not None else 0
-
-        best = max(eligible, key=grown, default=None)
-        if best is not None and grown(best) >= PRESSURE_MIN_GAIN:
+        limit is too small for these workers, which no recycle fixes (``alarm`` False: some
+        memory is being freed already, none more is found)."""
+        best = max(eligible, key=_grown, default=None)
+        if best is not None and _grown(best) >= PRESSURE_MIN_GAIN:
             return best
-        if now >= self.next_pressure_alarm:
+        if alarm and now >= self.next_pressure_alarm:
             self.next_pressure_alarm = now + PRESSURE_ALARM_SPACING
             log.error("memory_budget_too_small", headroom=available, floor=floor,
                       limit=self.budget.limit,
-                      problem="the container's headroom is under the kill buffer, and no "
+                      problem="the container's headroom is under the pressure line, and no "
                       f"worker has grown {PRESSURE_MIN_GAIN // 2**20}MiB over its baseline "
                       "for a recycle to free: the limit is too small for these workers",
                       hint="raise the container's memory limit, or run fewer workers "
@@ -358,8 +436,11 @@ class Recycler:
         # which the container's budget does not see).
         last = hold_last and reason.planned and state.config.policy.surge and \
             self._last_ready(worker) and self.pool.spawning
-        surge = (state.config.policy.surge and not reason.over_limit) or last
-        room = self.room(worker.model) if surge else Room(True)
+        # The container's pressure drains first: a replacement beside the worker would only
+        # add to the memory that is running out.
+        pressure = reason is Reason.CONTAINER_PRESSURE
+        surge = (state.config.policy.surge and not reason.over_limit and not pressure) or last
+        room = self.room(worker.model) if surge or pressure else Room(True)  # pressure: shown
         # No room for a replacement beside it: it drains and stops first, then its
         # replacement starts (the model serves a worker short meanwhile). While another
         # worker of the model is already making room, it serves on and waits its turn
@@ -371,12 +452,12 @@ class Recycler:
         # Draining early leaves the model a worker short until the replacement is ready:
         # the policy's lead was too short for this leak (one that sped up, say).
         emit = log.info if first else log.warning
-        emit("worker_recycling" if first else "worker_draining_early",
-             **self.event(worker, reason, verdict, now), surge=surge,
-             replacement_first=surge and room.fits,
-             **({"last_ready": True} if last else {}),
-             **({"room": str(room), **room.fields()} if room.limit is not None else {}),
-             recycling_for=None if first else str(worker.reason))
+        fields = {**self.event(worker, reason, verdict, now), "surge": surge,
+                  "replacement_first": surge and room.fits,
+                  **({"last_ready": True} if last else {}),
+                  **({"room": str(room), **room.fields()} if room.limit is not None else {}),
+                  "recycling_for": None if first else str(worker.reason)}
+        emit("worker_recycling" if first else "worker_draining_early", **fields)
         if surge:
             self.lifecycle.replace(worker, reason, now)
         else:
@@ -429,10 +510,27 @@ class Recycler:
     def event(self, worker: WorkerHandle, reason: Reason, verdict: Verdict,
               now: float) -> dict[str, Any]:
         found = self._diagnosis(worker, reason)
+        pressure = self.budget.pressure
+        under = pressure is not None and pressure.under and \
+            reason in (Reason.CONTAINER_PRESSURE, Reason.HOST_PRESSURE)
         return {"model": worker.model, "worker": worker.id, "pid": worker.pid,
                 "reason": str(reason), "detail": verdict.detail, "jobs": worker.jobs,
+                **(pressure.fields() if under and pressure is not None else {}),
                 "age_seconds": round(now - worker.started_at, 1),
                 "in_flight": len(self.router.held_by(worker.id)),
                 **verdict.assessment.fields(),
                 **({"cause": found.cause.value, "summary": found.summary,
                     "remedy": found.remedy, "evidence": found.evidence} if found else {})}
+
+
+def _grown(worker: WorkerHandle) -> int:
+    """What recycling this worker frees: how much it has grown over its baseline (a fresh
+    worker comes back at its baseline, so recycling one that has not grown frees nothing and
+    only costs a model load). Before the policy's warm-up is over, over its first reading
+    once ready."""
+    fresh = worker.assessment.baseline
+    if fresh is None:
+        after = [p.memory for p in worker.history.life.points
+                 if worker.ready_at is not None and p.t >= worker.ready_at]
+        fresh = after[0] if after else None
+    return (worker.assessment.memory or 0) - fresh if fresh is not None else 0
