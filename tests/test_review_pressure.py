@@ -7,7 +7,7 @@ from supervisor.core.budget import Budget, CgroupMemory, Pressure, growth_rate
 from supervisor.core.history import Sample
 from supervisor.core.pool import State
 from supervisor.core.reasons import Reason
-from tests.test_budget import CONTAINER, GIB, LEAKY, MIB, WARM, container, world
+from tests.test_budget import GIB, LEAKY, MIB, WARM, container, world
 from tests.test_core_cases import World
 from tests.test_core_model import valid
 
