@@ -563,8 +563,15 @@ def test_growth_rate_reads_a_rise_over_polls_not_one_reading() -> None:
     assert growth_rate(samples([0, 10, 20, 30, 40, 50]), None) == 10.0
     # One reading 40 high in the middle of a flat series is not a leak of 40 a second.
     assert growth_rate(samples([100, 100, 140, 100, 100]), None) == 0.0
-    # A leak that speeds up: the recent half is steeper and counts.
-    assert growth_rate(samples([0, 0, 0, 10, 30]), None) == 15.0
+    # A leak that speeds up: its new rate counts once it holds over most of the window...
+    assert growth_rate(samples([0, 0, 10, 30, 50, 70]), None) == 20.0
+    # ...not while it rose over two intervals of four (one large batch, a step, is not a
+    # leak: tests/test_review_pressure.py).
+    assert growth_rate(samples([0, 0, 0, 10, 30]), None) == 0.0
+    # Samples closer than half a poll are one (the ready sample, a poll 50 ms after it),
+    # and none is read before samples span a poll and a half.
+    ready = [Sample(0.0, 0, 0), Sample(0.05, 0, 20), Sample(1.05, 0, 20)]
+    assert growth_rate(ready, 0.0) == 0.0
     # Its loading (before ready) is budgeted as loading, not as a leak.
     assert growth_rate(samples([0, 500, 900, 900, 900]), since=2.0) == 0.0
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
+from statistics import median_low
 
 from supervisor.config.keys import ModelConfig, PolicyConfig
 from supervisor.core.history import Sample
@@ -45,9 +47,14 @@ BUFFER_FRACTION = 0.05
 MAX_BUFFER = 512 * MIB
 # What the supervisor itself is allowed when a container is sized (it uses tens of MB).
 SUPERVISOR_SHARE = 64 * MIB
-# A worker's growth rate is read over its last RATE_POLLS poll intervals, and over the last
-# half of them when that is steeper (a leak that speeds up under a burst of traffic).
+# A worker's growth rate is read over its last RATE_POLLS poll intervals: the lower median
+# of their rates, so that the rise must persist over most of them (a step, one large batch
+# that the allocator keeps, is not a rate). Samples closer than RATE_MIN_GAP polls to the
+# next are skipped (the ready sample and a poll 50 ms later are no interval to divide by),
+# and a worker needs RATE_MIN_SPAN polls of samples since ready before it has a rate.
 RATE_POLLS = 4
+RATE_MIN_GAP = 0.5
+RATE_MIN_SPAN = 1.5
 # Ways out (drain and stop, from out of rotation to exited) remembered: the slowest of them
 # is what the next recycle is expected to take.
 WAYS_OUT_KEPT = 8
@@ -296,25 +303,31 @@ class Pressure:
 
 
 def growth_rate(samples: Sequence[Sample], since: float | None,
-                polls: int = RATE_POLLS) -> float:
-    """Bytes per second a worker grows by now: its memory's rise over its last ``polls``
-    poll intervals, or over the last half of them when that is steeper; 0 while it shrinks,
-    and counting only samples from ``since`` on (ready: a worker's loading is budgeted as
-    such, ``still_loading``). A rise over several polls, not the last one alone, so that one
-    noisy reading does not make a leak."""
-    recent = [s for s in list(samples)[-(polls + 1):] if since is None or s.t >= since]
-    rates = []
-    for first in (recent[0:1], recent[-(polls // 2 + 1):-(polls // 2)]):
-        if first and recent[-1].t > first[0].t:
-            rates.append((recent[-1].memory - first[0].memory) / (recent[-1].t - first[0].t))
-    return max([0.0, *rates])
+                poll_interval: float = 1.0, polls: int = RATE_POLLS) -> float:
+    """Bytes per second a worker grows by now: the lower median of its rates over its last
+    ``polls`` intervals, so that only a rise over most of them is a rate (one high reading,
+    or a step that then stays flat, is not a leak); 0 while it shrinks. Only samples from
+    ``since`` on count (ready: a worker's loading is budgeted as such, ``still_loading``),
+    at least RATE_MIN_GAP polls apart (a sample just after another divides a first job's
+    allocation by 50 ms), and none is read before they span RATE_MIN_SPAN polls."""
+    spaced: list[Sample] = []
+    for sample in reversed([s for s in samples if since is None or s.t >= since]):
+        if not spaced or spaced[-1].t - sample.t >= RATE_MIN_GAP * poll_interval:
+            spaced.append(sample)
+        if len(spaced) > polls:
+            break
+    spaced.reverse()
+    if len(spaced) < 3 or spaced[-1].t - spaced[0].t < RATE_MIN_SPAN * poll_interval:
+        return 0.0
+    rates = [(b.memory - a.memory) / (b.t - a.t) for a, b in pairwise(spaced)]
+    return max(0.0, median_low(rates))
 
 
-def serving_growth(workers: Iterable[WorkerHandle]) -> float:
+def serving_growth(workers: Iterable[WorkerHandle], poll_interval: float) -> float:
     """Bytes per second the container's working set grows by: the growth rates of the
     workers in rotation, added up (a worker out of rotation runs at most the jobs it holds;
     one still loading is budgeted as such, ``still_loading``)."""
-    return sum(growth_rate(list(w.history), w.ready_at) for w in workers
+    return sum(growth_rate(list(w.history), w.ready_at, poll_interval) for w in workers
                if w.state is State.READY)
 
 

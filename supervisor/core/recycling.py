@@ -306,7 +306,7 @@ class Recycler:
         ``host_pressure``."""
         sup = self.pool.config.supervisor
         workers = list(self.pool.workers.values())
-        pressure = Pressure(available, buffer, serving_growth(workers),
+        pressure = Pressure(available, buffer, serving_growth(workers, sup.poll_interval),
                             self.budget.lead(sup.poll_interval))
         self.budget.pressure = pressure
         if not pressure.under:
