@@ -12,12 +12,14 @@ from supervisor.cli.render import render_explain, render_status
 from supervisor.config.loading import parse_config
 from supervisor.core.budget import (
     MAX_BUFFER,
+    MAX_WAY_OUT,
     MIB,
     PRIVATE,
     WAYS_OUT_KEPT,
     Budget,
     CgroupMemory,
     OomCounter,
+    Pressure,
     growth_rate,
     sizing_problem,
 )
@@ -589,6 +591,12 @@ def test_the_recycle_lead_is_a_poll_then_the_measured_way_out() -> None:
     for _ in range(20):
         budget.way_out(0.1)
     assert len(budget.ways_out) == WAYS_OUT_KEPT
+    for _ in range(2):  # drains held by a long job: a way out counts at most MAX_WAY_OUT
+        budget.way_out(50.0)
+    assert budget.lead(0.5) == 0.5 + 1.5 * MAX_WAY_OUT
+    # The line is never above its cap (half the limit), nor under the kill buffer.
+    assert Pressure(GIB, 50 * MIB, 100 * MIB, 76.0, GIB // 2).line == GIB // 2
+    assert Pressure(GIB, 50 * MIB, 0.0, 1.0, 10 * MIB).line == 50 * MIB
 
 
 def test_container_pressure_is_judged_by_the_rate_not_the_kill_buffer() -> None:

@@ -16,7 +16,9 @@ module decides, with no clock and no I/O:
   while the other workers keep growing. Pressure starts when the headroom is under the kill
   buffer *plus* what the workers will grow by before a recycle can free memory: their
   growth rate (``growth_rate``, summed) times the lead (``Budget.lead``: one poll to notice,
-  then a way out as long as the slowest of the last ones measured, with a margin);
+  then a way out as long as the slowest of the last ones measured, with a margin). A way
+  out counts at most ``MAX_WAY_OUT`` and the line is at most half the limit: a drain held
+  by a long job must not put the line above the headroom of an idle container;
 - **room**: whether one more process of a given size fits (working set + what the workers
   still loading will grow to + that size + the buffer, under the limit). A recycle starts its
   replacement first only when it does (``recycling.py``), and a replacement is spawned
@@ -60,6 +62,13 @@ RATE_MIN_SPAN = 1.5
 WAYS_OUT_KEPT = 8
 # The lead's margin over the slowest recent way out (a busier machine, a longer job).
 LEAD_MARGIN = 1.5
+# The most seconds of way out the lead counts: a drain that waits on a long job (up to
+# drain_timeout) says nothing of how soon a leak must be acted on, and a lead of a minute
+# would put the line above any headroom (a kill, ``_kill_for_room``, is the backstop).
+MAX_WAY_OUT = 10.0
+# The pressure line is never above this fraction of the limit (an idle container is never
+# under pressure, whatever the rate and lead say).
+MAX_LINE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -187,10 +196,12 @@ class Budget:
 
     def way_out_seconds(self, poll_interval: float) -> float:
         """What a way out takes: the slowest of the last ones but one (one stop that met a
-        busy machine does not set the line for the next eight), and never less than a poll
-        (before any is measured, a poll)."""
+        busy machine does not set the line for the next eight), never less than a poll
+        (before any is measured, a poll) and never more than MAX_WAY_OUT (a drain held by a
+        long job is no measure of how soon memory must be freed)."""
         slowest = sorted(self.ways_out)[-2:]
-        return max(poll_interval, slowest[0] if slowest else poll_interval)
+        measured = slowest[0] if slowest else poll_interval
+        return max(poll_interval, min(MAX_WAY_OUT, measured))
 
     def lead(self, poll_interval: float) -> float:
         """How long before the limit a pressure recycle must begin: up to one poll before
@@ -276,9 +287,14 @@ class Pressure:
     rate: float  # bytes per second the serving workers grow by, together
     lead: float  # seconds a recycle takes to free memory, from the poll that decides it
 
+    cap: int | None = None  # the most the line may be (MAX_LINE_FRACTION of the limit)
+
     @property
     def line(self) -> int:
-        return self.buffer + int(self.rate * self.lead)
+        """The kill buffer plus the growth over the lead, at most ``cap`` (and never under
+        the kill buffer): a line above the headroom of an idle container would drain it."""
+        line = self.buffer + int(self.rate * self.lead)
+        return line if self.cap is None else min(line, max(self.buffer, self.cap))
 
     @property
     def under(self) -> bool:

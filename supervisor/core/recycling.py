@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.budget import (
+    MAX_LINE_FRACTION,
     Budget,
     Pressure,
     Room,
@@ -306,8 +307,10 @@ class Recycler:
         ``host_pressure``."""
         sup = self.pool.config.supervisor
         workers = list(self.pool.workers.values())
+        limit = self.budget.limit
         pressure = Pressure(available, buffer, serving_growth(workers, sup.poll_interval),
-                            self.budget.lead(sup.poll_interval))
+                            self.budget.lead(sup.poll_interval),
+                            None if limit is None else int(limit * MAX_LINE_FRACTION))
         self.budget.pressure = pressure
         if not pressure.under:
             return
