@@ -297,12 +297,15 @@ class Recycler:
         rate times the measured lead, ``budget.Pressure``). Under it, memory is freed until
         the projection clears the line: first the workers already on their way out (those
         draining or stopping are counted at what they free; one serving on until its
-        replacement is ready drains now: nothing frees memory sooner), then the most grown
-        workers, drained first (there is no room beside them), and more than
-        ``max_concurrent_recycles`` at once only when one cannot free enough in time (never
-        a model's last ready worker, then). When, with what is on its way out, the headroom
-        will not last until the next poll, a drain is too slow: the most grown worker is
-        killed, before the kernel does it.
+        replacement is ready drains now: nothing frees memory sooner; one out of rotation
+        counts only within the lead of leaving it, ``_freeing_soon``), then the most grown
+        workers, drained first (there is no room beside them), no more than cover the
+        shortfall, and more than ``max_concurrent_recycles`` at once only when one cannot
+        free enough in time (never a model's last ready worker, then). When the workers
+        grow and, with what is on its way out, the headroom will not last until the next
+        poll at that rate, a drain is too slow: the most grown worker is killed, before the
+        kernel does it. With nothing growing the kernel has no reason to kill soon (over
+        cgroup v2's memory.high it throttles): a drain.
         Named ``container_pressure`` when the container's headroom is the tighter, else
         ``host_pressure``."""
         sup = self.pool.config.supervisor
@@ -317,9 +320,8 @@ class Recycler:
         reason = Reason.CONTAINER_PRESSURE if self._container_binds() else Reason.HOST_PRESSURE
         detail = str(pressure) if reason is Reason.CONTAINER_PRESSURE else \
             f"host has {available} bytes available, under {pressure.line}"
-        freeing = sum(_grown(w) for w in workers
-                      if w.state in (State.DRAINING, State.STOPPING))
-        if available + freeing < pressure.rate * sup.poll_interval:
+        freeing = sum(_grown(w) for w in workers if _freeing_soon(w, pressure.lead, now))
+        if pressure.rate > 0 and available + freeing < pressure.rate * sup.poll_interval:
             self._kill_for_room(workers, reason, detail, pressure, now)
             return
         short = pressure.line - available - freeing
@@ -524,6 +526,16 @@ class Recycler:
                 **verdict.assessment.fields(),
                 **({"cause": found.cause.value, "summary": found.summary,
                     "remedy": found.remedy, "evidence": found.evidence} if found else {})}
+
+
+def _freeing_soon(worker: WorkerHandle, lead: float, now: float) -> bool:
+    """Out of rotation on its way out, and within the lead of leaving it: its memory is
+    counted as about to be freed only for as long as a way out is expected to take. A worker
+    stuck draining (a long job, up to drain_timeout) is not freeing anything yet, and
+    counting it at every poll would hide the others' growth until the kernel kills."""
+    if worker.state not in (State.DRAINING, State.STOPPING):
+        return False
+    return worker.out_at is None or now - worker.out_at < lead
 
 
 def _grown(worker: WorkerHandle) -> int:
