@@ -337,8 +337,9 @@ class Recycler:
             short -= _grown(worker)
         alarm = short == pressure.line - available  # nothing at all on its way out
         while short > 0:
-            victim = self._grown_most(self._pressure_eligible(), available, pressure.line,
-                                      now, alarm)
+            second = any(w.leaving for w in self.pool.workers.values())
+            victim = self._grown_most(self._pressure_eligible(second), available,
+                                      pressure.line, now, alarm)
             if victim is None:
                 return
             alarm = False
@@ -354,15 +355,18 @@ class Recycler:
         host = self.budget.host_available
         return host is None or limit - cgroup.working_set <= host
 
-    def _pressure_eligible(self) -> list[WorkerHandle]:
+    def _pressure_eligible(self, second: bool) -> list[WorkerHandle]:
         """Ready workers not yet leaving: within ``max_concurrent_recycles`` of their model,
         or beyond it when they are not their model's last ready worker (the container's line
-        is a hard one: a replacement still loading holds nothing back)."""
+        is a hard one: a replacement still loading holds nothing back). A ``second`` drain,
+        beside a worker already on its way out, never takes a model's last ready worker: a
+        model left with none serving is an outage, and the first drain is already freeing
+        memory (the kill, ``_kill_for_room``, is there if it is too slow)."""
         eligible: list[WorkerHandle] = []
         for state in self.pool.models.values():
             leaving = sum(1 for x in self.pool.of_model(state.name) if x.leaving)
             ready = [w for w in self.pool.ready(state.name) if not w.leaving]
-            within = state.config.policy.max_concurrent_recycles > leaving
+            within = state.config.policy.max_concurrent_recycles > leaving and not second
             eligible.extend(w for w in ready if within or len(ready) > 1)
         return eligible
 
