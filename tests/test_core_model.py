@@ -21,7 +21,9 @@ every step:
   when the container's OOM-kill counter rose with it;
 - under a container memory limit, no replacement is spawned beside the worker it replaces
   unless the working set last read, plus a warm worker of its model and the kill buffer,
-  fits under the limit.
+  fits under the limit;
+- the container's pressure line is never above half the limit, and a second pressure drain
+  never leaves a model with no ready worker.
 
 At the end the world turns healthy; every request must then be answered exactly once,
 without a shutdown to sweep up what was stranded, and shutdown must finish.
@@ -44,7 +46,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor.config.keys import Config
 from supervisor.config.loading import parse_config
 from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.core.budget import WAYS_OUT_KEPT, CgroupMemory
+from supervisor.core.budget import MAX_WAY_OUT, WAYS_OUT_KEPT, CgroupMemory
 from supervisor.core.core import Core
 from supervisor.core.history import LIFE_POINTS, Reading
 from supervisor.core.pool import State
@@ -347,9 +349,27 @@ class CoreMachine(RuleBasedStateMachine):
     def event(self, step: Any, *args: Any) -> None:
         pool = self.core.pool
         before = {name: [w.id for w in pool.ready(name)] for name in pool.models}
+        leaving = any(w.leaving for w in pool.workers.values())
         step(*args)
         self.perform()
         self.check_last_ready(before)
+        self.check_pressure_drains(before, leaving)
+
+    def check_pressure_drains(self, before: dict[str, list[str]], leaving: bool) -> None:
+        """The container's pressure may drain a model's last ready worker only as the first
+        drain, with nothing else on its way out: a second at once never leaves a model with
+        none serving (recycling.py, ``_pressure_eligible``). So in one step at most one model
+        loses its last ready worker to a ``container_pressure`` drain, and only when no
+        worker was leaving before it."""
+        pool = self.core.pool
+        if self.core.shutdown_started is not None:
+            return
+        emptied = [name for name, ids in before.items() if ids and name in pool.models
+                   and not pool.models[name].removed and not pool.ready(name) and any(
+                       (w := pool.workers.get(i)) is not None and not w.killed and
+                       w.reason is Reason.CONTAINER_PRESSURE for i in ids)]
+        assert len(emptied) <= 1 and not (emptied and leaving), \
+            f"a pressure drain left {emptied} with no ready worker (leaving before: {leaving})"
 
     def check_last_ready(self, before: dict[str, list[str]]) -> None:
         """A model that had a ready worker never loses its last one to a planned recycle (a
@@ -702,8 +722,11 @@ class CoreMachine(RuleBasedStateMachine):
         assert all(seconds >= 0 for seconds in budget.ways_out)
         pressure = budget.pressure
         if pressure is not None:
-            assert pressure.rate >= 0 and pressure.lead >= 1.0  # poll_interval: 1s
+            assert pressure.rate >= 0 and 1.0 <= pressure.lead <= 1.0 + 1.5 * MAX_WAY_OUT
             assert pressure.line >= pressure.buffer == budget.buffer(None)
+            # Never above half the limit (an idle container is never under pressure).
+            assert pressure.cap is not None
+            assert pressure.line <= max(pressure.buffer, pressure.cap)
 
     @invariant()
     def told_to_go_means_out_of_rotation(self) -> None:
