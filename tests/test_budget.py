@@ -568,7 +568,7 @@ def test_growth_rate_reads_a_rise_over_polls_not_one_reading() -> None:
     # A leak that speeds up: its new rate counts once it holds over most of the window...
     assert growth_rate(samples([0, 0, 10, 30, 50, 70]), None) == 20.0
     # ...not while it rose over two intervals of four (one large batch, a step, is not a
-    # leak: tests/test_review_pressure.py).
+    # leak: tests/test_pressure_edges.py).
     assert growth_rate(samples([0, 0, 0, 10, 30]), None) == 0.0
     # Samples closer than half a poll are one (the ready sample, a poll 50 ms after it),
     # and none is read before samples span a poll and a half.

@@ -1,5 +1,7 @@
-"""Review of container pressure (budget.py, recycling.py): each test is a defect found,
-failing on the code under review. Helpers as in tests/test_budget.py."""
+"""Container pressure at its edges (budget.py, recycling.py): a worker stuck draining, long
+drains, a fresh worker's first samples, a one-off step, several models, a throttled cgroup
+with nothing growing. Each pins a misfire the rate-based line once had. Helpers as in
+tests/test_budget.py."""
 
 from __future__ import annotations
 
