@@ -329,7 +329,7 @@ class ModelConfig:
     def pad_dims(self) -> tuple[PadDim, ...]:
         return from_config(self.padding)
 
-    @functools.cached_property
+    @property
     def input_shapes(self) -> int:
         """Distinct input shapes batching and padding let a worker see: the allowed batch
         sizes times every combination of padding sizes (dimensions nothing pads may add
