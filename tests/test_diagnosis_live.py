@@ -42,6 +42,10 @@ def named_right(cases: list[Case], found: dict[str, dict[str, Any]]) -> None:
         assert event["evidence"]["probe_cost_per_job_us"] > 0, event
 
 
+# Alone: under CI's three parallel test workers Keras predict() ran ~5 jobs a second, and a
+# window of 63-75 jobs saw its objects come and go with the collector (named native heap
+# retention twice in four clean-clone runs); it passes with the cores to itself.
+@pytest.mark.alone
 @pytest.mark.timeout(600)
 def test_tensorflow_causes_named(supervisor_factory: Any, sequence_model: Path) -> None:
     cases = tensorflow_cases(sequence_model)
