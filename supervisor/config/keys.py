@@ -175,9 +175,8 @@ class BatchingConfig:
     batch_timeout_ms: float | None = setting(
         Optional(Float(0.0, MAX_BATCH_TIMEOUT_MS)), None, "How long a partial batch may wait "
         "for more jobs. Not set: adaptive (no wait while each job finds an idle worker; "
-        "under load, long enough to gather the rows that make a call's fixed cost small, no "
-        "more than a worker's share of the jobs in at once, at most two calls' time and 20 "
-        "ms: `status` shows the wait and why). A number fixes "
+        "under load, long enough to gather the rows that make a call's fixed cost small, at "
+        "most two calls' time and 20 ms: `status` shows the wait and why). A number fixes "
         "it; 0: dispatch at once (batches then form only under load). At most 60000 (a "
         "minute).")
     allowed_batch_sizes: tuple[int, ...] | None = setting(

@@ -9,20 +9,16 @@ workers a call's fixed cost:
   waiting batch, so there is no wait (one client waiting on each answer sees no added
   latency).
 - **Requests queue** (more outstanding than workers): a batch is held to gather the rows
-  that make a call's fixed cost small beside its per-row cost (``a / n <= SHARE * b``), at
-  most ``max_batch_size``, and no more than can come: a worker's share of the jobs in at
-  the busiest moment of recent windows (a closed loop of N clients peaks at N jobs in,
-  though most of them are, at any one arrival, on their way back from a client: the mean
-  jobs found in at an arrival was 9-14 of 32 on the demo MLP, which aimed batches at 5-7
-  rows where ~16 was right).
+  that make a call's fixed cost small beside its per-row cost (``a / n <= SHARE * b``), no
+  more than the outstanding jobs spread over the workers, at most ``max_batch_size``; the
+  wait is the time the measured arrival rate takes to bring them.
 - **Bounded**: never longer than ``CALLS`` calls of that batch take (a worker would have
   served a whole batch meanwhile), nor ``MAX_WAIT`` in all.
 
 Measured per model: arrivals (rows per second, smoothed over ``WINDOW`` windows), jobs
-outstanding at each arrival (their mean, smoothed, and each window's peak, smoothed), and
-each batch's time from dispatch to its answer (the call as the supervisor sees it: transport
-included), fitted as ``a + b * rows`` by least squares with old batches forgotten gradually.
-Pure: time is passed in.
+outstanding at each arrival (smoothed), and each batch's time from dispatch to its answer
+(the call as the supervisor sees it: transport included), fitted as ``a + b * rows`` by
+least squares with old batches forgotten gradually. Pure: time is passed in.
 """
 
 from __future__ import annotations
@@ -65,10 +61,8 @@ class BatchWait:
     def __init__(self) -> None:
         self.rate = 0.0  # rows per second arriving
         self.outstanding = 0.0  # jobs queued or in a worker when a job arrives, smoothed
-        self.peak = 0.0  # the most jobs in at once within a window (itself counted), smoothed
         self._window_start: float | None = None
         self._window_rows = 0
-        self._window_peak = 0
         # Weighted sums of the cost fit: weight, rows, seconds, rows², rows x seconds.
         self._w = self._n = self._t = self._nn = self._nt = 0.0
 
@@ -78,7 +72,6 @@ class BatchWait:
         """A job of ``rows`` rows was admitted with ``outstanding`` jobs already in."""
         self._roll(now)
         self._window_rows += rows
-        self._window_peak = max(self._window_peak, outstanding + 1)
         self.outstanding += OUTSTANDING_WEIGHT * (outstanding - self.outstanding)
 
     def called(self, rows: int, seconds: float) -> None:
@@ -104,11 +97,9 @@ class BatchWait:
         # The rows counted so far make one window; whole windows after it had none.
         span = min(elapsed, 2 * WINDOW)
         self.rate += RATE_WEIGHT * (self._window_rows / span - self.rate)
-        self.peak += RATE_WEIGHT * (self._window_peak - self.peak)
         empty = min((elapsed - span) / WINDOW, 64.0)
         self.rate *= (1.0 - RATE_WEIGHT) ** empty
-        self.peak *= (1.0 - RATE_WEIGHT) ** empty
-        self._window_start, self._window_rows, self._window_peak = now, 0, 0
+        self._window_start, self._window_rows = now, 0
 
     def costs(self) -> Costs | None:
         """The fitted cost per call and per row (None before any batch was answered). Batches
@@ -141,16 +132,13 @@ class BatchWait:
             worth = max_batch_size
         else:
             worth = math.ceil(costs.per_call / (SHARE * costs.per_row))
-        # The window under way counts at once: a fresh model's first second, a burst.
-        peak = max(self.peak, self._window_peak)
-        rows = max(1, min(worth, math.ceil(peak / workers), max_batch_size))
-        if worth <= 1:
+        share = math.ceil(self.outstanding / workers)
+        rows = max(1, min(worth, share, max_batch_size))
+        if rows <= 1:
             return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
                             f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
-        if rows <= 1:
-            return Decision(0.0, f"no wait: up to {peak:.0f} jobs in for {workers} workers, "
-                            "so each finds one idle")
         wait = min((rows - 1) / self.rate, CALLS * costs.call(rows), MAX_WAIT)
-        return Decision(wait, f"waiting for ~{rows} rows: up to {peak:.0f} jobs in for "
-                        f"{workers} workers, {self.rate:.0f} rows/s arriving, a call costs "
-                        f"{costs.per_call * 1e3:.2f} ms + {costs.per_row * 1e3:.3f} ms per row")
+        return Decision(wait, f"waiting for ~{rows} rows: {self.outstanding:.1f} jobs "
+                        f"outstanding for {workers} workers, {self.rate:.0f} rows/s arriving, "
+                        f"a call costs {costs.per_call * 1e3:.2f} ms + "
+                        f"{costs.per_row * 1e3:.3f} ms per row")
