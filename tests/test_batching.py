@@ -600,34 +600,18 @@ def test_the_worker_that_answered_last_takes_the_next_batch() -> None:
     """Its caches are warm: batches go to the idle worker that answered last, not in turn;
     workers that never answered go least used first, and a busy one is passed over."""
     router = Router([], max_queue=100)
-    policy = BatchPolicy.from_config(4, 0.0, None)
     done = {"w1": 10, "w2": 9, "w3": 8}
-
-    def send(now: float) -> str:
-        for i in range(4):
-            router.submit(job(int(now * 1000) * 10 + i, t=now))
-        router.outbox.clear()
-        router.dispatch("m", list(done.items()), now, policy)
-        [batch] = [a for a in router.outbox if isinstance(a, SendBatch)]
-        return batch.worker_id
-
-    def answer(worker_id: str, now: float) -> None:
-        for held in router.held_by(worker_id):
-            router.answer(held, Message(RESULT, held.client_job_id, {}, []))
-            done[worker_id] += 1
-        router.batch_done(worker_id, now)
-
-    assert send(1.0) == "w3"  # none answered yet: the least used
-    assert send(1.1) == "w2"  # w3 busy: the next least used
-    answer("w3", 1.2)
-    answer("w2", 1.3)
-    assert send(1.4) == "w2"  # answered last
-    assert send(1.5) == "w3"  # w2 busy: the one that answered before it
-    answer("w3", 1.6)
-    assert send(1.7) == "w3"
-    answer("w2", 1.8)
-    answer("w3", 1.9)
-    assert send(2.0) == "w3"
+    assert _dispatched(router, done, 1.0, 1) == "w3"  # none answered yet: the least used
+    assert _dispatched(router, done, 1.1, 2) == "w2"  # w3 busy: the next least used
+    _answered(router, "w3", 1.2)
+    _answered(router, "w2", 1.3)
+    assert _dispatched(router, done, 1.4, 3) == "w2"  # answered last
+    assert _dispatched(router, done, 1.5, 4) == "w3"  # w2 busy: the one answered before it
+    _answered(router, "w3", 1.6)
+    assert _dispatched(router, done, 1.7, 5) == "w3"
+    _answered(router, "w2", 1.8)
+    _answered(router, "w3", 1.9)
+    assert _dispatched(router, done, 2.0, 6) == "w3"
 
 
 def test_a_worker_left_far_behind_takes_batches_until_it_catches_up() -> None:
@@ -635,21 +619,69 @@ def test_a_worker_left_far_behind_takes_batches_until_it_catches_up() -> None:
     idle for ever: a worker under 1/LAG of the busiest one's jobs goes first, so every
     worker is warmed up, judged, and seen if it fails."""
     router = Router([], max_queue=100)
-    policy = BatchPolicy.from_config(1, 0.0, None)
     done = {"a": 0, "b": 0}
     for i in range(2000):  # one job at a time: each finds both workers idle
-        router.submit(job(i, t=i * 0.001))
-        router.outbox.clear()
-        router.dispatch("m", list(done.items()), i * 0.001, policy)
-        [batch] = [a for a in router.outbox if isinstance(a, SendBatch)]
-        for held in router.held_by(batch.worker_id):
-            router.answer(held, Message(RESULT, held.client_job_id, {}, []))
-        done[batch.worker_id] += 1
-        router.batch_done(batch.worker_id, i * 0.001 + 0.0005)
+        worker = _dispatched(router, done, i * 0.001, i)
+        _answered(router, worker, i * 0.001 + 0.0005)
+        done[worker] += 1
     assert min(done.values()) * LAG >= max(done.values()) - LAG, done
     assert max(done.values()) > 2 * min(done.values()), done  # the warm one still leads
-    fresh = dict(done, c=0)  # a replacement joins: it goes first until it catches up
-    router.submit(job(99999, t=3.0))
+    assert _dispatched(router, dict(done, c=0), 3.0, 9999) == "c"  # a replacement first
+
+
+def _dispatched(router: Router, ready: dict[str, int], now: float, i: int) -> str:
+    """The worker one new job is sent to."""
+    router.submit(job(i, t=now))
     router.outbox.clear()
-    router.dispatch("m", list(fresh.items()), 3.0, policy)
-    assert [a.worker_id for a in router.outbox if isinstance(a, SendBatch)] == ["c"]
+    router.dispatch("m", list(ready.items()), now, BatchPolicy.from_config(1, 0.0, None))
+    [batch] = [a for a in router.outbox if isinstance(a, SendBatch)]
+    return batch.worker_id
+
+
+def _answered(router: Router, worker_id: str, now: float, served: bool = True) -> None:
+    for held in router.held_by(worker_id):
+        router.answer(held, Message(RESULT, held.client_job_id, {}, []))
+    router.batch_done(worker_id, now, served)
+
+
+def test_workers_far_behind_go_least_used_first_and_busy_ones_are_passed_over() -> None:
+    router = Router([], max_queue=100)
+    ready = {"warm": 100, "b": 10, "c": 5}
+    assert _dispatched(router, ready, 1.0, 1) == "c"  # both behind: the less used
+    assert _dispatched(router, ready, 1.1, 2) == "b"  # c busy: the other one behind
+    assert _dispatched(router, ready, 1.2, 3) == "warm"  # both busy: the warm one
+    _answered(router, "c", 1.3)
+    ready["c"] = 30  # caught up past a quarter of the busiest: back to the warm order
+    _answered(router, "warm", 1.4)
+    assert _dispatched(router, ready, 1.5, 4) == "warm"
+
+
+def test_a_worker_that_served_no_job_does_not_become_the_warm_one() -> None:
+    """One that fails every job fast would otherwise answer first and take every batch."""
+    router = Router([], max_queue=100)
+    ready = {"good": 50, "bad": 50}
+    assert _dispatched(router, ready, 1.0, 1) == "bad"  # neither answered yet: by name
+    _answered(router, "bad", 1.1, served=False)
+    assert _dispatched(router, ready, 1.2, 2) == "bad"  # still never answered: a tie
+    _answered(router, "bad", 1.3, served=False)
+    ready["good"] = 51
+    assert _dispatched(router, ready, 1.4, 3) == "bad"  # the less used of two cold ones
+    _answered(router, "bad", 1.5, served=False)
+    router.sent["good"] = ("m", 1, 1.5)
+    _answered(router, "good", 1.6)
+    _answered(router, "bad", 1.7, served=False)
+    assert _dispatched(router, ready, 1.8, 4) == "good"  # served last, though answered before
+
+
+def test_answer_times_of_gone_workers_are_dropped_and_forget_clears_a_model() -> None:
+    router = Router([], max_queue=100)
+    for i in range(100):  # workers come and go
+        router.sent[f"old-{i}"] = ("m", 1, 0.0)
+        router.batch_done(f"old-{i}", 0.5)
+    assert _dispatched(router, {"live": 3}, 1.0, 1) == "live"
+    assert set(router.freed["m"]) <= {"live"}  # pruned past ready + 64
+    _answered(router, "live", 1.1)
+    assert router.freed["m"] == {"live": 1.1}
+    router.forget("m")
+    assert "m" not in router.freed and "m" not in router.waits and \
+        "m" not in router.wait_decisions

@@ -41,6 +41,7 @@ from supervisor.shared.protocol import (
     INTERNAL_HOP,
     MODELS,
     READY,
+    RESULT,
     RESULTS,
     SHUTTING_DOWN,
     TIMEOUT,
@@ -335,7 +336,8 @@ class Core:
             self._broke(worker, "results left jobs of its batch unanswered", now)
         elif leaving:
             self.lifecycle.leaving_by_itself(worker, now)
-        self.router.batch_done(worker.id, now)  # its call's time, for the adaptive wait
+        # Its call's time, for the adaptive wait; a worker that served none stays cold.
+        self.router.batch_done(worker.id, now, any(r.kind == RESULT for r in replies))
         self.dispatch(worker.model, now)
 
     def _broke(self, worker: WorkerHandle, why: str, now: float) -> None:

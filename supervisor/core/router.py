@@ -137,8 +137,8 @@ class Router:
         the model's workers in rotation.
 
         The idle worker that answered last goes first: its model's code and data are still
-        in the cores' caches (demo MLP, 32 clients, 2 workers, a 3 ms wait: 5,613 against
-        4,785 req/s when batches alternated between the workers). A worker left far behind
+        in the cores' caches (demo MLP, 32 clients, 2 workers, a 3 ms wait, one run: 5,613
+        against 4,785 req/s when batches alternated between the workers). A worker left far behind
         (fewer than 1/LAG of the busiest one's jobs: a replacement, one that rarely wins)
         goes first instead, least used first, so every worker serves enough jobs for its
         warm-up and memory trend to be judged and for its errors to show."""
@@ -199,13 +199,15 @@ class Router:
         self.fail(queue[0], INTERNAL, "the supervisor could not batch this job "
                   f"({type(exc).__name__}); it was not run")
 
-    def batch_done(self, worker_id: str, now: float) -> None:
-        """A worker answered its batch: its time from dispatch counts in the model's costs,
-        and it is the first idle worker the model's next batch goes to."""
+    def batch_done(self, worker_id: str, now: float, served: bool = True) -> None:
+        """A worker answered its batch: its time from dispatch counts in the model's costs.
+        ``served``: some job of it got a result; only then is the worker the warm one that
+        the next batch goes to (one that fails every job fast would take them all)."""
         sent = self.sent.pop(worker_id, None)
         if sent is not None:
             model, rows, at = sent
-            self.freed.setdefault(model, {})[worker_id] = now
+            if served:
+                self.freed.setdefault(model, {})[worker_id] = now
             self.waits.setdefault(model, BatchWait()).called(rows, now - at)
 
     def batch_policy(self, model: str, policy: BatchPolicy) -> BatchPolicy:
