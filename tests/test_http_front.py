@@ -291,7 +291,11 @@ def test_deadline_and_queue_full_statuses(sup: Supervisor) -> None:
         t.join()
     assert 429 in statuses and statuses[429][0].get("retry-after") == "1"
     assert "overloaded" in error_of(statuses[429][1])
-    assert 504 in statuses and "deadline_exceeded" in error_of(statuses[504][1])
+    # The supervisor's verdict (deadline_exceeded) has a tenth of the 0.1 s to come back; on
+    # a loaded machine the front's own wait can end first (no_reply). Both are the same
+    # deadline to the client, and 504 is the contract.
+    assert 504 in statuses
+    assert error_of(statuses[504][1]).split(":")[0] in ("deadline_exceeded", "no_reply")
 
 
 # --- TF Serving's REST API ---------------------------------------------------------------
