@@ -200,6 +200,9 @@ def test_a_model_always_has_a_ready_worker_through_recycles_in_a_tight_container
         assert oom_kills(cgroup) == 0
 
 
+# Alone: the claim is a race against the kernel at 50 MiB/s a worker; beside two other
+# test workers, a poll came late once in a clean-clone run and the kernel killed first.
+@pytest.mark.alone
 def test_a_fast_leak_is_recycled_ahead_of_the_kernel_and_named_container_pressure(
         started: list[Supervisor]) -> None:
     """Three workers leaking ~50 MiB/s each in a 768 MiB limit, polled every 0.5 s: a poll's
