@@ -233,7 +233,8 @@ def test_a_fast_leak_is_recycled_ahead_of_the_kernel_and_named_container_pressur
                                   "ten pressure recycles (or a kernel OOM kill)")
         recycles = status["models"]["m"]["recycles"]
         print(f"recycles {recycles}, kernel OOM kills {oom_kills(cgroup)}, "
-              f"failcnt {read(cgroup, 'memory.failcnt')}, answered {load.ok}")
+              f"failcnt {read(cgroup, 'memory.failcnt')}, peak "
+              f"{read(cgroup, 'memory.max_usage_in_bytes') // MIB} MiB, answered {load.ok}")
         assert oom_kills(cgroup) == 0, f"the kernel OOM-killed workers: {recycles}"
         assert load.failures == [], load.failures[:5]
         assert "host_pressure" not in recycles and recycles.get("container_pressure", 0) >= 10

@@ -46,7 +46,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from supervisor.config.keys import Config
 from supervisor.config.loading import parse_config
 from supervisor.core.actions import Kill, Reply, SampleNow, SendBatch, Spawn, Stop
-from supervisor.core.budget import MAX_WAY_OUT, WAYS_OUT_KEPT, CgroupMemory
+from supervisor.core.budget import (
+    LEAD_MARGIN,
+    MAX_POLL_LATENESS,
+    MAX_WAY_OUT,
+    POLL_GAPS_KEPT,
+    WAYS_OUT_KEPT,
+    CgroupMemory,
+)
 from supervisor.core.core import Core
 from supervisor.core.history import LIFE_POINTS, Reading
 from supervisor.core.pool import State
@@ -716,13 +723,16 @@ class CoreMachine(RuleBasedStateMachine):
     def the_pressure_line_is_bounded_and_never_under_the_kill_buffer(self) -> None:
         """The ways out the lead is measured on stay in fixed room; the container's pressure
         line is never below its kill buffer (the static floor is a minimum), nor its lead
-        below a poll."""
+        below a poll, nor above the latest a poll is expected plus the longest way out."""
         budget = self.core.budget
         assert len(budget.ways_out) <= WAYS_OUT_KEPT
         assert all(seconds >= 0 for seconds in budget.ways_out)
+        assert len(budget.poll_gaps) <= POLL_GAPS_KEPT
+        assert 1.0 <= budget.poll_seconds(1.0) <= MAX_POLL_LATENESS
         pressure = budget.pressure
         if pressure is not None:
-            assert pressure.rate >= 0 and 1.0 <= pressure.lead <= 1.0 + 1.5 * MAX_WAY_OUT
+            assert pressure.rate >= 0
+            assert 1.0 <= pressure.lead <= MAX_POLL_LATENESS + LEAD_MARGIN * MAX_WAY_OUT
             assert pressure.line >= pressure.buffer == budget.buffer(None)
             # Never above half the limit (an idle container is never under pressure).
             assert pressure.cap is not None

@@ -9,7 +9,7 @@ from supervisor.core.budget import Budget, CgroupMemory, Pressure, growth_rate
 from supervisor.core.history import Sample
 from supervisor.core.pool import State
 from supervisor.core.reasons import Reason
-from tests.test_budget import GIB, LEAKY, MIB, WARM, container, world
+from tests.test_budget import GIB, LEAKY, MIB, WARM, container, spawned, world
 from tests.test_core_cases import World
 from tests.test_core_model import valid
 
@@ -207,3 +207,81 @@ def test_over_memory_high_with_nothing_growing_drains_not_kills() -> None:
     w.poll()
     assert w.core.budget.pressure is not None and w.core.budget.pressure.rate == 0
     assert not [x for x in w.core.pool.workers.values() if x.killed]
+
+
+# 9. A fast leak on a loaded machine -------------------------------------------------------
+
+def leak_every(w: World, seconds: float, per_poll: int, polls: int, usage: int) -> int:
+    """Polls ``seconds`` apart (late ones, on a loaded machine: the configured interval is
+    1 s), every worker in rotation ``per_poll`` bigger at each; returns the usage."""
+    for _ in range(polls):
+        beat(w)
+        w.tick(seconds)
+        for worker in w.core.pool.ready("a"):
+            w.memory[worker.id] += per_poll
+            usage += per_poll
+        set_usage(w, usage)
+        w.poll()
+    return usage
+
+
+def test_headroom_that_outlasts_a_poll_but_not_a_late_one_kills() -> None:
+    """Polls come 2 s apart where 1 s is configured (the daemon's threads wait for a core),
+    two workers grow 100 MiB/s together. 150 MiB of headroom lasts the configured poll, not
+    the one that will come: a drain, with the other worker growing all the while, would
+    leave the kernel to kill. Got: a drain (the test counted the configured interval)."""
+    w = world(LIMIT, GIB, LEAKY)
+    usage = leak_every(w, 2.0, 100 * MIB, 4, GIB)
+    assert w.core.budget.poll_seconds(1.0) == 2.0
+    assert pressure_recycles(w) == 0
+    assert not any(x.killed for x in w.core.pool.workers.values())
+    leak_every(w, 2.0, 100 * MIB, 1, LIMIT - 350 * MIB)  # 150 MiB left after this poll
+    assert usage < LIMIT - 350 * MIB
+    killed = [x for x in w.core.pool.workers.values() if x.killed]
+    assert [x.kill_reason for x in killed] == [Reason.CONTAINER_PRESSURE]
+
+
+def test_polls_on_time_again_bring_the_line_back_and_one_stall_counts_at_most_thrice() -> None:
+    budget = Budget()
+    assert budget.poll_seconds(0.5) == 0.5  # none measured: the interval
+    for t in (0.0, 0.5, 1.0, 1.75, 2.25):
+        budget.polled_at(t)
+    assert budget.poll_seconds(0.5) == 0.75  # the slowest recent gap
+    budget.polled_at(62.25)  # a daemon stopped for a minute says nothing of the next poll
+    assert budget.poll_seconds(0.5) == 1.5 and budget.lead(0.5) == 1.5 + 1.5 * 0.5
+    for k in range(1, 9):  # eight polls on time: the stall is forgotten
+        budget.polled_at(62.25 + 0.5 * k)
+    assert budget.poll_seconds(0.5) == 0.5
+
+
+def replaced_after_a_crash(w: World, worker_id: str) -> str:
+    """The worker crashes; its replacement, spawned after the restart backoff, is ready."""
+    w.exit(worker_id, 1)
+    while not spawned(w):
+        w.tick(0.25)
+    [fresh] = spawned(w)
+    w.memory[fresh] = WARM
+    w.ready(fresh)
+    return fresh
+
+
+def test_a_fresh_replacement_counts_at_its_models_rate_from_its_first_poll() -> None:
+    """Two workers leak 50 MiB/s each; one crashes and its replacement, ready, leaks as it
+    did from its first job, a poll or two before its own samples show a rate. The line
+    counts both workers' growth: 100 MiB/s, not 50 (counted at 0, the fresh worker's growth
+    took the others' headroom unseen)."""
+    w = world(LIMIT, GIB, LEAKY)
+    usage = leak_every(w, 1.0, 50 * MIB, 5, GIB)
+    pressure = w.core.budget.pressure
+    assert pressure is not None and pressure.rate == 100 * MIB
+    replaced_after_a_crash(w, "a-1")
+    leak_every(w, 1.0, 50 * MIB, 1, usage)
+    pressure = w.core.budget.pressure
+    assert pressure is not None and pressure.rate == 100 * MIB
+    # A model whose serving workers do not grow gives its fresh worker no rate either.
+    flat_world = world(LIMIT, GIB, LEAKY)
+    flat(flat_world, 5, GIB)
+    replaced_after_a_crash(flat_world, "a-1")
+    flat(flat_world, 1, GIB)
+    pressure = flat_world.core.budget.pressure
+    assert pressure is not None and pressure.rate == 0.0

@@ -66,6 +66,10 @@ LEAD_MARGIN = 1.5
 # drain_timeout) says nothing of how soon a leak must be acted on, and a lead of a minute
 # would put the line above any headroom (a kill, ``_kill_for_room``, is the backstop).
 MAX_WAY_OUT = 10.0
+# Gaps between polls remembered, and the most the next one is expected to take, in poll
+# intervals (a daemon stopped for a minute says nothing of the next poll).
+POLL_GAPS_KEPT = 8
+MAX_POLL_LATENESS = 3.0
 # The pressure line is never above this fraction of the limit (an idle container is never
 # under pressure, whatever the rate and lead say).
 MAX_LINE_FRACTION = 0.5
@@ -189,6 +193,24 @@ class Budget:
         self.ways_out: deque[float] = deque(maxlen=WAYS_OUT_KEPT)
         # The pressure line at the last poll under a limit (Pressure), shown by status.
         self.pressure: Pressure | None = None
+        # When the last polls were judged, and the gaps between them (``poll_seconds``).
+        self.last_poll: float | None = None
+        self.poll_gaps: deque[float] = deque(maxlen=POLL_GAPS_KEPT)
+
+    def polled_at(self, now: float) -> None:
+        """A poll's readings were judged at ``now``."""
+        if self.last_poll is not None:
+            self.poll_gaps.append(max(0.0, now - self.last_poll))
+        self.last_poll = now
+
+    def poll_seconds(self, poll_interval: float) -> float:
+        """How long until the next poll is judged: the slowest of the last gaps between
+        polls, never less than ``poll_interval`` and never more than MAX_POLL_LATENESS of
+        it. A daemon on a loaded machine polls late (its threads wait for a core), and a
+        fast leak grows by the time it waits: the pressure line and the kill's test count
+        the poll that will come, not the one configured."""
+        slowest = max(self.poll_gaps, default=poll_interval)
+        return max(poll_interval, min(MAX_POLL_LATENESS * poll_interval, slowest))
 
     def way_out(self, seconds: float) -> None:
         """A worker drained and stopped in ``seconds``: what a pressure recycle takes."""
@@ -204,9 +226,11 @@ class Budget:
         return max(poll_interval, min(MAX_WAY_OUT, measured))
 
     def lead(self, poll_interval: float) -> float:
-        """How long before the limit a pressure recycle must begin: up to one poll before
-        the headroom is seen to fall, then the way out with a margin."""
-        return poll_interval + LEAD_MARGIN * self.way_out_seconds(poll_interval)
+        """How long before the limit a pressure recycle must begin: up to one poll (as late
+        as polls come, ``poll_seconds``) before the headroom is seen to fall, then the way
+        out with a margin."""
+        return self.poll_seconds(poll_interval) + \
+            LEAD_MARGIN * self.way_out_seconds(poll_interval)
 
     def update(self, cgroup: CgroupMemory | None, host_available: int | None,
                poll: bool = True) -> None:
@@ -322,10 +346,19 @@ def growth_rate(samples: Sequence[Sample], since: float | None,
                 poll_interval: float = 1.0, polls: int = RATE_POLLS) -> float:
     """Bytes per second a worker grows by now: the lower median of its rates over its last
     ``polls`` intervals, so that only a rise over most of them is a rate (one high reading,
-    or a step that then stays flat, is not a leak); 0 while it shrinks. Only samples from
-    ``since`` on count (ready: a worker's loading is budgeted as such, ``still_loading``),
-    at least RATE_MIN_GAP polls apart (a sample just after another divides a first job's
-    allocation by 50 ms), and none is read before they span RATE_MIN_SPAN polls."""
+    or a step that then stays flat, is not a leak); 0 while it shrinks, and 0 before it
+    has a rate (``measured_rate``)."""
+    rate = measured_rate(samples, since, poll_interval, polls)
+    return 0.0 if rate is None else rate
+
+
+def measured_rate(samples: Sequence[Sample], since: float | None,
+                  poll_interval: float = 1.0, polls: int = RATE_POLLS) -> float | None:
+    """``growth_rate``, or None while the worker has too few samples for one: only samples
+    from ``since`` on count (ready: a worker's loading is budgeted as such,
+    ``still_loading``), at least RATE_MIN_GAP polls apart (a sample just after another
+    divides a first job's allocation by 50 ms), and none is read before they span
+    RATE_MIN_SPAN polls."""
     spaced: list[Sample] = []
     for sample in reversed([s for s in samples if since is None or s.t >= since]):
         if not spaced or spaced[-1].t - sample.t >= RATE_MIN_GAP * poll_interval:
@@ -334,7 +367,7 @@ def growth_rate(samples: Sequence[Sample], since: float | None,
             break
     spaced.reverse()
     if len(spaced) < 3 or spaced[-1].t - spaced[0].t < RATE_MIN_SPAN * poll_interval:
-        return 0.0
+        return None
     rates = [(b.memory - a.memory) / (b.t - a.t) for a, b in pairwise(spaced)]
     return max(0.0, median_low(rates))
 
@@ -342,9 +375,24 @@ def growth_rate(samples: Sequence[Sample], since: float | None,
 def serving_growth(workers: Iterable[WorkerHandle], poll_interval: float) -> float:
     """Bytes per second the container's working set grows by: the growth rates of the
     workers in rotation, added up (a worker out of rotation runs at most the jobs it holds;
-    one still loading is budgeted as such, ``still_loading``)."""
-    return sum(growth_rate(list(w.history), w.ready_at, poll_interval) for w in workers
-               if w.state is State.READY)
+    one still loading is budgeted as such, ``still_loading``). A worker too fresh for a
+    rate of its own counts at the fastest measured rate of its model's serving workers:
+    the replacement of a leaking worker runs the same code on the same traffic, and it
+    grows from its first job, a poll or two before its own samples show it (counted at 0,
+    a recycle under a fast leak left the other workers a third less headroom than they
+    took)."""
+    measured: dict[str, list[float]] = {}
+    fresh: list[str] = []
+    for worker in workers:
+        if worker.state is not State.READY:
+            continue
+        rate = measured_rate(list(worker.history), worker.ready_at, poll_interval)
+        if rate is None:
+            fresh.append(worker.model)
+        else:
+            measured.setdefault(worker.model, []).append(rate)
+    return sum(sum(rates) for rates in measured.values()) + \
+        sum(max(measured.get(model, [0.0])) for model in fresh)
 
 
 def _mib(value: int) -> str:

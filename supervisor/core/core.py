@@ -380,6 +380,7 @@ class Core:
                 sampled.append(worker)
         self.recycler.judge(list(self.pool.workers.values()) if poll else sampled, now)
         if poll:
+            self.budget.polled_at(now)
             self.recycler.memory_pressure(now)
 
     # --- time ----------------------------------------------------------------------------

@@ -303,9 +303,9 @@ class Recycler:
         shortfall, and more than ``max_concurrent_recycles`` at once only when one cannot
         free enough in time (never a model's last ready worker, then). When the workers
         grow and, with what is on its way out, the headroom will not last until the next
-        poll at that rate, a drain is too slow: the most grown worker is killed, before the
-        kernel does it. With nothing growing the kernel has no reason to kill soon (over
-        cgroup v2's memory.high it throttles): a drain.
+        poll at that rate (as late as polls come), a drain is too slow: the most grown
+        worker is killed, before the kernel does it. With nothing growing the kernel has no
+        reason to kill soon (over cgroup v2's memory.high it throttles): a drain.
         Named ``container_pressure`` when the container's headroom is the tighter, else
         ``host_pressure``."""
         sup = self.pool.config.supervisor
@@ -321,7 +321,8 @@ class Recycler:
         detail = str(pressure) if reason is Reason.CONTAINER_PRESSURE else \
             f"host has {available} bytes available, under {pressure.line}"
         freeing = sum(_grown(w) for w in workers if _freeing_soon(w, pressure.lead, now))
-        if pressure.rate > 0 and available + freeing < pressure.rate * sup.poll_interval:
+        next_poll = self.budget.poll_seconds(sup.poll_interval)
+        if pressure.rate > 0 and available + freeing < pressure.rate * next_poll:
             self._kill_for_room(workers, reason, detail, pressure, now)
             return
         short = pressure.line - available - freeing
