@@ -273,22 +273,34 @@ def test_a_slow_client_is_cut_off_and_others_are_served(sup: Supervisor) -> None
 
 
 def test_deadline_and_queue_full_statuses(sup: Supervisor) -> None:
+    """Six clients keep the one echo worker busy (0.5 s jobs) and its queue (max_queue 4) at
+    or near full until both answers are seen: a probe that finds the queue full is refused
+    429, one that finds a place waits behind the 0.5 s jobs and passes its 0.1 s deadline,
+    504. Blockers sent once drained within a second or two, and on a loaded machine the
+    probes could miss the moment the queue was full."""
     port = sup.port  # type: ignore[attr-defined]
     sleepy = {**infer_json("x", [1, 4], "FP32", [7, 0, 0, 0]),
               "parameters": {"timeout": 100_000}}  # 0.1 s, in microseconds
-    blockers = [threading.Thread(target=request, args=(port, "POST", "/v2/models/echo/infer",
-                                                      infer_json("x", [1, 4], "FP32",
-                                                                 [7, 0, 0, 0])))
-                for _ in range(6)]
+    done = threading.Event()
+
+    def block() -> None:
+        while not done.is_set():
+            request(port, "POST", "/v2/models/echo/infer",
+                    infer_json("x", [1, 4], "FP32", [7, 0, 0, 0]))
+
+    blockers = [threading.Thread(target=block) for _ in range(6)]
     for t in blockers:
         t.start()
     statuses = {}
-    deadline = time.monotonic() + 20
-    while not {429, 504} <= set(statuses) and time.monotonic() < deadline:
-        status, headers, raw = request(port, "POST", "/v2/models/echo/infer", sleepy)
-        statuses[status] = (headers, raw)
-    for t in blockers:
-        t.join()
+    deadline = time.monotonic() + 60
+    try:
+        while not {429, 504} <= set(statuses) and time.monotonic() < deadline:
+            status, headers, raw = request(port, "POST", "/v2/models/echo/infer", sleepy)
+            statuses[status] = (headers, raw)
+    finally:
+        done.set()
+        for t in blockers:
+            t.join()
     assert 429 in statuses and statuses[429][0].get("retry-after") == "1"
     assert "overloaded" in error_of(statuses[429][1])
     # The supervisor's verdict (deadline_exceeded) has a tenth of the 0.1 s to come back; on
