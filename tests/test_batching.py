@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import deque
 from typing import Any
@@ -574,6 +575,64 @@ def test_batches_of_one_size_count_their_whole_time_per_call() -> None:
     wait.called(3, float("nan"))  # ignored, as is a negative time
     wait.called(3, -1.0)
     assert wait.costs() == Costs(pytest.approx(0.002), 0.0)
+
+
+def closed_loop(wait: BatchWait, clients: int, rate: float, now: float,
+                seconds: float = 1.0) -> float:
+    """``clients`` closed-loop clients: between answers, the outstanding count climbs from
+    a few to all of them; the mean stays well under the peak."""
+    for i in range(int(rate * seconds)):
+        wait.arrived(1, 4 + i % (clients - 4), now)
+        now += 1.0 / rate
+    return now
+
+
+def test_contended_cores_wait_for_the_most_outstanding_not_a_workers_share() -> None:
+    """32 clients sharing the cores with the server: jobs outstanding average ~17, peak 32.
+    Uncontended, a worker's share of the mean (~9 rows); contended, the peak (31 outstanding
+    when the 32nd arrived: 32 rows), as long as they take to arrive, past two calls."""
+    wait, now = measured(500e-6, 5e-6, rate=6000, outstanding=4)
+    now = closed_loop(wait, 32, 6000, now)
+    assert wait.peak == 32 and 10 < wait.outstanding < 24
+    calm = wait.decide(workers=2, max_batch_size=32, now=now)
+    busy = wait.decide(workers=2, max_batch_size=32, now=now, contended=True)
+    assert f"~{math.ceil(wait.outstanding / 2)} rows" in calm.reason
+    assert "~32 rows, the cores being contended" in busy.reason
+    assert busy.seconds == pytest.approx(31 / wait.rate)
+    assert busy.seconds > 2 * (500e-6 + 5e-6 * 32) >= calm.seconds
+    assert wait.decide(workers=2, max_batch_size=16, now=now, contended=True).seconds == \
+        pytest.approx(15 / wait.rate)  # never past max_batch_size
+
+
+def test_contended_cores_still_never_wait_for_one_client_nor_past_twenty_ms() -> None:
+    one, now = measured(500e-6, 5e-6, rate=1500, outstanding=0)
+    assert one.decide(2, 32, now, contended=True).seconds == 0.0
+    slow, now = measured(500e-6, 5e-6, rate=20, outstanding=31, seconds=10)
+    assert slow.decide(2, 32, now, contended=True).seconds == MAX_WAIT
+    dear_rows, now = measured(100e-6, 1e-3, rate=400, outstanding=31)
+    assert dear_rows.decide(2, 32, now, contended=True).seconds == 0.0
+
+
+def test_an_idle_spell_forgets_the_peak() -> None:
+    wait, now = measured(500e-6, 5e-6, rate=6000, outstanding=31)
+    assert wait.peak == 32
+    wait.arrived(1, 0, now + 10.0)
+    assert wait.peak == 0
+
+
+def test_the_router_asks_the_cpu_pressure() -> None:
+    router = Router([], max_queue=5000)
+    for i in range(3000):
+        router.submit(job(i, t=i / 5000))
+    for rows in (1, 8, 1, 8):
+        router.sent["w1"] = ("m", rows, 0.0)
+        router.batch_done("w1", 0.0005 + rows * 1e-6)
+    adaptive = BatchPolicy.from_config(32, None, None)
+    router.cpu.read(0, 0.0)
+    router.cpu.read(500_000, 1.0)  # some task waited half of the last second
+    assert router.cpu.contended
+    router.dispatch("m", [("w1", 0), ("w2", 0)], now=3000 / 5000, policy=adaptive)
+    assert "cores being contended" in router.wait_decisions["m"].reason
 
 
 def test_a_fixed_timeout_overrides_the_adaptive_wait() -> None:

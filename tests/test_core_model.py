@@ -250,6 +250,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.config_name = "start"
         self.sent_to: dict[int, int] = {}  # job id -> workers it was sent to, as seen here
         self.limit: int | None = None  # the container's memory limit (None: no cgroup limit)
+        self.psi = 0  # the kernel's CPU pressure counter (microseconds some task waited)
         self.oom_kills = 0  # the container's kernel OOM-kill counter
         self.deaf = 0.0  # seconds the supervisor's loop stalled, in all (the stall rule)
         self.container(poll=False)  # the daemon reads its cgroup as it starts
@@ -559,6 +560,14 @@ class CoreMachine(RuleBasedStateMachine):
         """The pod's limit is resized in place (or there is none)."""
         self.limit = limit
         self.poll()
+
+    @rule(share=st.sampled_from([None, 0.0, 0.05, 0.15, 0.5, 1.0]))
+    def cpu_pressure(self, share: float | None) -> None:
+        """The cores' contention changes (the adaptive batch wait of model a asks it), or
+        the kernel's pressure file cannot be read."""
+        if share is not None:
+            self.psi += int(share * 1e6)
+        self.event(self.core.cpu_pressure, None if share is None else self.psi, self.now)
 
     def exit(self, sim: SimWorker, code: int) -> None:
         sim.alive = False

@@ -14,6 +14,14 @@ workers a call's fixed cost:
   wait is the time the measured arrival rate takes to bring them.
 - **Bounded**: never longer than ``CALLS`` calls of that batch take (a worker would have
   served a whole batch meanwhile), nor ``MAX_WAIT`` in all.
+- **Cores contended** (tasks wait for a CPU, ``core/cpu.py``): a worker's call is then not
+  the bottleneck, the cores are, and every call's fixed costs (the daemon's, the worker's,
+  the wake-ups) take them from the clients and the other workers; spreading jobs over
+  workers buys no parallelism when no core is free to run them. The batch is held for the
+  most jobs outstanding at once lately (not their mean, not spread over the workers), at
+  most ``max_batch_size``, for as long as the arrival rate takes to bring them (up to
+  ``MAX_WAIT``). Demo MLP, 32 clients sharing 2 cores with the server: batches of ~31 rows
+  instead of ~6, ~25 % less server CPU per request.
 
 Measured per model: arrivals (rows per second, smoothed over ``WINDOW`` windows), jobs
 outstanding at each arrival (smoothed), and each batch's time from dispatch to its answer
@@ -61,6 +69,8 @@ class BatchWait:
     def __init__(self) -> None:
         self.rate = 0.0  # rows per second arriving
         self.outstanding = 0.0  # jobs queued or in a worker when a job arrives, smoothed
+        self.peak = 0  # the most jobs outstanding at once, itself included, in the last window
+        self._window_peak = 0
         self._window_start: float | None = None
         self._window_rows = 0
         # Weighted sums of the cost fit: weight, rows, seconds, rows², rows x seconds.
@@ -72,6 +82,7 @@ class BatchWait:
         """A job of ``rows`` rows was admitted with ``outstanding`` jobs already in."""
         self._roll(now)
         self._window_rows += rows
+        self._window_peak = max(self._window_peak, outstanding + 1)
         self.outstanding += OUTSTANDING_WEIGHT * (outstanding - self.outstanding)
 
     def called(self, rows: int, seconds: float) -> None:
@@ -99,7 +110,8 @@ class BatchWait:
         self.rate += RATE_WEIGHT * (self._window_rows / span - self.rate)
         empty = min((elapsed - span) / WINDOW, 64.0)
         self.rate *= (1.0 - RATE_WEIGHT) ** empty
-        self._window_start, self._window_rows = now, 0
+        self.peak = self._window_peak if empty < 1 else 0  # an idle spell: no peak
+        self._window_start, self._window_rows, self._window_peak = now, 0, 0
 
     def costs(self) -> Costs | None:
         """The fitted cost per call and per row (None before any batch was answered). Batches
@@ -116,8 +128,10 @@ class BatchWait:
 
     # --- the decision ------------------------------------------------------------------------
 
-    def decide(self, workers: int, max_batch_size: int, now: float) -> Decision:
-        """The wait for a partial batch now, with ``workers`` ready workers."""
+    def decide(self, workers: int, max_batch_size: int, now: float,
+               contended: bool = False) -> Decision:
+        """The wait for a partial batch now, with ``workers`` ready workers; ``contended``:
+        tasks are waiting for a CPU (``core/cpu.py``)."""
         self._roll(now)
         costs = self.costs()
         if max_batch_size <= 1:
@@ -132,13 +146,29 @@ class BatchWait:
             worth = max_batch_size
         else:
             worth = math.ceil(costs.per_call / (SHARE * costs.per_row))
-        share = math.ceil(self.outstanding / workers)
-        rows = max(1, min(worth, share, max_batch_size))
+        if contended:
+            return self._contended(min(worth, max_batch_size), costs)
+        rows = max(1, min(worth, math.ceil(self.outstanding / workers), max_batch_size))
         if rows <= 1:
             return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
                             f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
         wait = min((rows - 1) / self.rate, CALLS * costs.call(rows), MAX_WAIT)
         return Decision(wait, f"waiting for ~{rows} rows: {self.outstanding:.1f} jobs "
                         f"outstanding for {workers} workers, {self.rate:.0f} rows/s arriving, "
-                        f"a call costs {costs.per_call * 1e3:.2f} ms + "
-                        f"{costs.per_row * 1e3:.3f} ms per row")
+                        f"{_costs(costs)}")
+
+    def _contended(self, most: int, costs: Costs) -> Decision:
+        """The cores are contended: wait for the most jobs outstanding at once lately (at
+        most ``most``), as long as they take to arrive."""
+        rows = max(1, min(most, max(self.peak, math.ceil(self.outstanding))))
+        if rows <= 1:
+            return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
+                            f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
+        wait = min((rows - 1) / self.rate, MAX_WAIT)
+        return Decision(wait, f"waiting for ~{rows} rows, the cores being contended: up to "
+                        f"{self.peak} jobs outstanding at once lately, {self.rate:.0f} rows/s "
+                        f"arriving, {_costs(costs)}")
+
+
+def _costs(costs: Costs) -> str:
+    return f"a call costs {costs.per_call * 1e3:.2f} ms + {costs.per_row * 1e3:.3f} ms per row"

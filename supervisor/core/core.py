@@ -364,6 +364,12 @@ class Core:
         worker died of a SIGKILL it did not send (its OOM-kill counter may name the kernel)."""
         self.budget.update(cgroup, host_available, poll)
 
+    def cpu_pressure(self, some_us: int | None, now: float) -> None:
+        """The kernel's CPU pressure (PSI ``some`` total, microseconds; None where it cannot
+        be read), read by the daemon at every poll: the adaptive batch wait asks whether
+        the cores are contended."""
+        self.router.cpu.read(some_us, now)
+
     def samples(self, now: float, readings: Mapping[str, Reading], poll: bool = True) -> None:
         """Memory readings: recorded, then judged (every worker on a poll, only these
         otherwise, so a trend's confirmations count polls); on a poll, memory pressure

@@ -21,6 +21,7 @@ from supervisor.config.keys import BatchPolicy
 from supervisor.core.actions import Action, Reply, SendBatch
 from supervisor.core.batch_wait import BatchWait, Decision
 from supervisor.core.batching import job_rows, take_batch
+from supervisor.core.cpu import CpuPressure
 from supervisor.core.expiries import Expiries
 from supervisor.core.jobs import Job
 from supervisor.shared import logs
@@ -76,6 +77,7 @@ class Router:
         self.sent: dict[str, tuple[str, int, float]] = {}
         # model -> worker id -> when it last answered a batch: the latest goes first.
         self.freed: dict[str, dict[str, float]] = {}
+        self.cpu = CpuPressure()  # whether the cores are contended, read at every poll
 
     # --- queries -------------------------------------------------------------------------
 
@@ -157,7 +159,7 @@ class Router:
             return 0
         if policy.adaptive:
             decision = self.waits.setdefault(model, BatchWait()).decide(
-                len(ready), policy.max_batch_size, now)
+                len(ready), policy.max_batch_size, now, self.cpu.contended)
             self.wait_decisions[model] = decision
             policy = replace(policy, timeout=decision.seconds)
         sent = 0

@@ -60,6 +60,18 @@ def locate(proc: Path = Path("/proc/self")) -> Location | None:
     return None
 
 
+def v2_directory(proc: Path = Path("/proc/self")) -> Path | None:
+    """This process's cgroup v2 directory, whatever controllers it has (its ``cpu.pressure``
+    is there), or None (no v2 hierarchy mounted, or ours is outside what it shows)."""
+    mounts = _cgroup_mounts((proc / "mountinfo").read_text())
+    for line in (proc / "cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and not controllers and (2, "") in mounts:
+            found = _under(mounts[2, ""], path, 2)
+            return None if found is None else found.directory
+    return None
+
+
 def _cgroup_mounts(mountinfo: str) -> dict[tuple[int, str], tuple[str, Path]]:
     """(version, "memory" or "") -> (the mount's root within the hierarchy, mount point)."""
     out: dict[tuple[int, str], tuple[str, Path]] = {}

@@ -204,8 +204,16 @@ class Controller:
                     self.core.config.supervisor.min_available_memory),
                 # the file a reload re-reads (`reload -c` another file names it)
                 "config": _config_file(self.core.config.path),
-                "supervisor": {**self.resources(), "control_paced": self.paced()},
+                "supervisor": {**self.resources(), "control_paced": self.paced(),
+                               "cpu_pressure": self._cpu()},
                 "http": self._http()}
+
+    def _cpu(self) -> dict[str, Any]:
+        """The share of the last poll interval in which some task waited for a CPU (None:
+        no PSI here, or not read yet), and whether the batch wait counts it contended."""
+        cpu = self.core.router.cpu
+        return {"some_share": None if cpu.share is None else round(cpu.share, 3),
+                "contended": cpu.contended}
 
     def _http(self) -> dict[str, Any] | None:
         fronts = self.fronts()

@@ -61,6 +61,7 @@ from supervisor.daemon import leftovers, security, startup
 from supervisor.daemon.cgroup import CgroupReader
 from supervisor.daemon.codewatch import CHECK, CodeWatch, fingerprints_within
 from supervisor.daemon.control import Controller
+from supervisor.daemon.cpu_pressure import CpuPressureReader
 from supervisor.daemon.descriptors import BACKLOG, LOW_LIMIT, Gate, raise_limit, reserve
 from supervisor.daemon.failures import Failures
 from supervisor.daemon.fronts import EXIT_GRACE, Fronts
@@ -135,6 +136,7 @@ class Daemon:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.monitor = Monitor()
         self.cgroup = CgroupReader()  # the container's memory budget, read every poll
+        self.cpu_pressure = CpuPressureReader()  # whether the cores are contended, too
         self.oom_score_failed = False  # logged once
         self.trees = Trees()  # each worker's descendants, found at every memory poll
         self.output = WorkerOutput()  # workers' stdout/stderr, when the logs are JSON
@@ -439,6 +441,7 @@ class Daemon:
             self._find_trees()
             readings = self.monitor.read(targets, self.trees)
             self.core.memory(self.cgroup.read(), self.monitor.available(), poll=True)
+            self.core.cpu_pressure(self.cpu_pressure.read(), now)
             self.core.samples(now, readings, poll=True)
         self.core.tick(now)
         self._perform()
