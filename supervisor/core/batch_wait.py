@@ -164,6 +164,8 @@ class BatchWait:
         if rows <= 1:
             return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
                             f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
+        # Not bounded by CALLS calls: a worker that would serve another batch meanwhile takes
+        # a core from the clients (bounded so, 1.19x mosec in one 6-round run, against 1.25x).
         wait = min((rows - 1) / self.rate, MAX_WAIT)
         return Decision(wait, f"waiting for ~{rows} rows, the cores being contended: up to "
                         f"{self.peak} jobs outstanding at once lately, {self.rate:.0f} rows/s "
