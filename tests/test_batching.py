@@ -590,27 +590,66 @@ def closed_loop(wait: BatchWait, clients: int, rate: float, now: float,
 def test_contended_cores_wait_for_the_most_outstanding_not_a_workers_share() -> None:
     """32 clients sharing the cores with the server: jobs outstanding average ~17, peak 32.
     Uncontended, a worker's share of the mean (~9 rows); contended, the peak (31 outstanding
-    when the 32nd arrived: 32 rows), as long as they take to arrive, past two calls."""
+    when the 32nd arrived: 32 rows), less the jobs in a busy worker, as long as they take
+    to arrive and never past two calls of that batch."""
     wait, now = measured(500e-6, 5e-6, rate=6000, outstanding=4)
     now = closed_loop(wait, 32, 6000, now)
     assert wait.peak == 32 and 10 < wait.outstanding < 24
+    costs = wait.costs()
+    assert costs is not None
     calm = wait.decide(workers=2, max_batch_size=32, now=now)
     busy = wait.decide(workers=2, max_batch_size=32, now=now, contended=True)
     assert f"~{math.ceil(wait.outstanding / 2)} rows" in calm.reason
     assert "~32 rows, the cores being contended" in busy.reason
-    assert busy.seconds == pytest.approx(31 / wait.rate)
-    assert busy.seconds > 2 * (500e-6 + 5e-6 * 32) >= calm.seconds
-    assert wait.decide(workers=2, max_batch_size=16, now=now, contended=True).seconds == \
-        pytest.approx(15 / wait.rate)  # never past max_batch_size
+    assert busy.seconds == pytest.approx(min(31 / wait.rate, 2 * costs.call(32)))
+    assert busy.seconds > calm.seconds
+    # Jobs in a busy worker cannot join: with 20 of the 32 there, wait for the other 12.
+    part = wait.decide(workers=2, max_batch_size=32, now=now, contended=True, in_workers=20)
+    assert "~12 rows" in part.reason and "20 in a worker now" in part.reason
+    assert part.seconds == pytest.approx(min(11 / wait.rate, 2 * costs.call(12)))
+    assert wait.decide(2, 32, now, contended=True, in_workers=40).seconds == 0.0
+    small = wait.decide(workers=2, max_batch_size=16, now=now, contended=True)
+    assert "~16 rows" in small.reason  # never past max_batch_size
 
 
-def test_contended_cores_still_never_wait_for_one_client_nor_past_twenty_ms() -> None:
+def test_contended_cores_still_never_wait_for_one_client_nor_past_two_calls() -> None:
     one, now = measured(500e-6, 5e-6, rate=1500, outstanding=0)
     assert one.decide(2, 32, now, contended=True).seconds == 0.0
     slow, now = measured(500e-6, 5e-6, rate=20, outstanding=31, seconds=10)
-    assert slow.decide(2, 32, now, contended=True).seconds == MAX_WAIT
+    assert slow.decide(2, 32, now, contended=True).seconds == \
+        pytest.approx(2 * (500e-6 + 5e-6 * 32))
     dear_rows, now = measured(100e-6, 1e-3, rate=400, outstanding=31)
     assert dear_rows.decide(2, 32, now, contended=True).seconds == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(1e-5, 0.05), st.integers(0, 300)), min_size=1,
+                max_size=400),
+       st.integers(1, 256), st.integers(0, 64))
+def test_a_contended_wait_never_feeds_itself_past_two_calls(
+        arrivals: list[tuple[float, int]], max_batch: int, in_workers: int) -> None:
+    """Whatever the arrivals (open loop, bursts, the jobs that piled up during a wait
+    itself raising the peak), a contended wait stays within two calls of its batch and
+    20 ms: jobs arriving during a wait cannot stretch the next one without end."""
+    wait, now = measured(500e-6, 5e-6, rate=3000, outstanding=3)
+    for gap, outstanding in arrivals:
+        now += gap
+        wait.arrived(1, outstanding, now)
+        decision = wait.decide(2, max_batch, now, contended=True, in_workers=in_workers)
+        costs = wait.costs()
+        assert costs is not None
+        assert 0.0 <= decision.seconds <= min(2 * costs.call(max_batch), MAX_WAIT) + 1e-12
+
+
+def test_after_a_burst_a_lone_client_waits_for_no_one() -> None:
+    """A burst of 32 at once, then one client every 50 ms: once a window has passed, the
+    peak is that client alone and the contended wait is none."""
+    wait, now = measured(500e-6, 5e-6, rate=6000, outstanding=31)
+    for _ in range(12):
+        now += 0.05
+        wait.arrived(1, 0, now)
+    assert wait.peak == 1
+    assert wait.decide(2, 32, now, contended=True).seconds == 0.0
 
 
 def test_an_idle_spell_forgets_the_peak() -> None:
@@ -631,8 +670,10 @@ def test_the_router_asks_the_cpu_pressure() -> None:
     router.cpu.read(0, 0.0)
     router.cpu.read(500_000, 1.0)  # some task waited half of the last second
     assert router.cpu.contended
+    router.held["w2"] = {-1: job(-1)}  # w2 busy with one job: it cannot join
     router.dispatch("m", [("w1", 0), ("w2", 0)], now=3000 / 5000, policy=adaptive)
-    assert "cores being contended" in router.wait_decisions["m"].reason
+    reason = router.wait_decisions["m"].reason
+    assert "cores being contended" in reason and "1 in a worker now" in reason
 
 
 def test_a_fixed_timeout_overrides_the_adaptive_wait() -> None:

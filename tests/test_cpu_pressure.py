@@ -45,10 +45,14 @@ def test_unreadable_or_broken_counters_never_count_as_contended() -> None:
     cpu.read(None, 2.0)  # PSI gone: not known, not contended
     assert cpu.share is None and not cpu.contended
     cpu.read(5_000_000, 3.0)
-    cpu.read(1_000, 4.0)  # a counter that went back (another cgroup): a new start
+    cpu.read(5_900_000, 4.0)
+    assert cpu.contended
+    cpu.read(1_000, 5.0)  # a counter that went back (another cgroup): a new start
     assert cpu.share is None and not cpu.contended
-    cpu.read(2_000_000, 4.0)  # no time passed
-    assert cpu.share is None
+    cpu.read(900_000, 6.0)
+    assert cpu.contended
+    cpu.read(2_000_000, 6.0)  # no time passed: nothing known
+    assert cpu.share is None and not cpu.contended
     cpu.read(-5, 5.0)
     assert cpu.share is None and not cpu.contended
 
@@ -85,6 +89,18 @@ def test_the_daemons_own_cgroup_is_read_before_the_host(tmp_path: Path) -> None:
     proc, host = fake_proc(tmp_path, "/kubepods/pod1/c1", PSI.format(12_345))
     assert locate(proc, host) == tmp_path / "cg/kubepods/pod1/c1/cpu.pressure"
     assert CpuPressureReader(proc, host).read() == 12_345
+
+
+def test_a_mount_root_with_a_space_is_read_as_the_kernel_escapes_it(tmp_path: Path) -> None:
+    """mountinfo writes a space in a path as \\040, the root field included."""
+    proc, host = fake_proc(tmp_path, "/my pod/c1", PSI.format(77))
+    mount = tmp_path / "cg"
+    (proc / "cgroup").write_text("0::/my pod/c1\n")
+    (proc / "mountinfo").write_text(f"30 20 0:26 /my\\040pod {mount} rw - cgroup2 cgroup2 rw\n")
+    (mount / "c1").mkdir()
+    (mount / "c1" / "cpu.pressure").write_text(PSI.format(88))
+    assert locate(proc, host) == mount / "c1" / "cpu.pressure"
+    assert CpuPressureReader(proc, host).read() == 88
 
 
 def test_without_a_cgroup_pressure_file_the_host_is_read(tmp_path: Path) -> None:

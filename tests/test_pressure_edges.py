@@ -285,3 +285,28 @@ def test_a_fresh_replacement_counts_at_its_models_rate_from_its_first_poll() -> 
     flat(flat_world, 1, GIB)
     pressure = flat_world.core.budget.pressure
     assert pressure is not None and pressure.rate == 0.0
+
+
+def test_one_leaking_worker_does_not_make_its_fresh_siblings_leak() -> None:
+    """Three workers, one leaking 100 MiB/s, two flat; a flat one crashes and its fresh
+    replacement counts at the model's median rate (0), not the leaker's: a scale-up or a
+    replacement beside one bad worker does not raise the line for two polls."""
+    w = world(LIMIT, GIB, LEAKY.replace("workers: 2", "workers: 3"))
+    usage = GIB
+    for _ in range(5):
+        beat(w)
+        w.tick(1.0)
+        w.memory["a-1"] += 100 * MIB
+        usage += 100 * MIB
+        set_usage(w, usage)
+        w.poll()
+    pressure = w.core.budget.pressure
+    assert pressure is not None and pressure.rate == 100 * MIB
+    replaced_after_a_crash(w, "a-3")
+    w.memory["a-1"] += 100 * MIB
+    set_usage(w, usage + 100 * MIB)
+    w.tick(1.0)
+    w.poll()
+    pressure = w.core.budget.pressure
+    assert pressure is not None and pressure.rate == 100 * MIB
+

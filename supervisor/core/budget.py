@@ -376,23 +376,29 @@ def serving_growth(workers: Iterable[WorkerHandle], poll_interval: float) -> flo
     """Bytes per second the container's working set grows by: the growth rates of the
     workers in rotation, added up (a worker out of rotation runs at most the jobs it holds;
     one still loading is budgeted as such, ``still_loading``). A worker too fresh for a
-    rate of its own counts at the fastest measured rate of its model's serving workers:
-    the replacement of a leaking worker runs the same code on the same traffic, and it
-    grows from its first job, a poll or two before its own samples show it (counted at 0,
-    a recycle under a fast leak left the other workers a third less headroom than they
-    took)."""
+    rate of its own counts at the median rate of its model's serving workers that have
+    one (the lower median: one leaking worker among flat ones is not the model's rate),
+    and no more fresh workers count than measured ones (a scale-up spreads the same
+    traffic over more workers): the replacement of a leaking worker runs the same code on
+    the same traffic and grows from its first job, a poll or two before its own samples
+    show it (counted at 0, a recycle under a fast leak left the other workers a third
+    less headroom than they took)."""
     measured: dict[str, list[float]] = {}
-    fresh: list[str] = []
+    fresh: dict[str, int] = {}
     for worker in workers:
         if worker.state is not State.READY:
             continue
         rate = measured_rate(list(worker.history), worker.ready_at, poll_interval)
         if rate is None:
-            fresh.append(worker.model)
+            fresh[worker.model] = fresh.get(worker.model, 0) + 1
         else:
             measured.setdefault(worker.model, []).append(rate)
-    return sum(sum(rates) for rates in measured.values()) + \
-        sum(max(measured.get(model, [0.0])) for model in fresh)
+    total = sum(sum(rates) for rates in measured.values())
+    for model, count in fresh.items():
+        rates = measured.get(model, [])
+        if rates:
+            total += min(count, len(rates)) * median_low(rates)
+    return total
 
 
 def _mib(value: int) -> str:

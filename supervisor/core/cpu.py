@@ -35,7 +35,10 @@ class CpuPressure:
             return
         last, self._last = self._last, (now, total_us)
         if last is None or now <= last[0] or total_us < last[1]:
-            return  # a first reading, or a counter that went back (moved to another cgroup)
+            # A first reading, a clock that did not move, or a counter that went back
+            # (another cgroup): a new start, nothing known until the next reading.
+            self.share, self.contended = None, False
+            return
         share = (total_us - last[1]) / 1e6 / (now - last[0])
         self.share = min(1.0, share) if math.isfinite(share) else None
         if self.share is None:

@@ -80,7 +80,8 @@ def _cgroup_mounts(mountinfo: str) -> dict[tuple[int, str], tuple[str, Path]]:
         fields, extra = head.split(), tail.split()
         if not sep or len(fields) < 5 or len(extra) < 3:
             continue
-        root, point, fstype, options = fields[3], fields[4], extra[0], extra[2].split(",")
+        root, point, fstype, options = _unescape(fields[3]), fields[4], extra[0], \
+            extra[2].split(",")
         if fstype == "cgroup2":
             out.setdefault((2, ""), (root, Path(_unescape(point))))
         elif fstype == "cgroup" and "memory" in options:
