@@ -607,7 +607,8 @@ def test_contended_cores_wait_for_the_most_outstanding_not_a_workers_share() -> 
     part = wait.decide(workers=2, max_batch_size=32, now=now, contended=True, in_workers=20)
     assert "~12 rows" in part.reason and "20 in a worker now" in part.reason
     assert part.seconds == pytest.approx(min(11 / wait.rate, 2 * costs.call(12)))
-    assert wait.decide(2, 32, now, contended=True, in_workers=40).seconds == 0.0
+    held = wait.decide(2, 32, now, contended=True, in_workers=40)
+    assert held.seconds == 0.0 and "as many or more in a worker now (40)" in held.reason
     small = wait.decide(workers=2, max_batch_size=16, now=now, contended=True)
     assert "~16 rows" in small.reason  # never past max_batch_size
 
@@ -619,7 +620,8 @@ def test_contended_cores_still_never_wait_for_one_client_nor_past_two_calls() ->
     assert slow.decide(2, 32, now, contended=True).seconds == \
         pytest.approx(2 * (500e-6 + 5e-6 * 32))
     dear_rows, now = measured(100e-6, 1e-3, rate=400, outstanding=31)
-    assert dear_rows.decide(2, 32, now, contended=True).seconds == 0.0
+    decision = dear_rows.decide(2, 32, now, contended=True)
+    assert decision.seconds == 0.0 and "small beside a row's" in decision.reason
 
 
 @settings(max_examples=60, deadline=None)

@@ -55,6 +55,8 @@ def test_unreadable_or_broken_counters_never_count_as_contended() -> None:
     assert cpu.share is None and not cpu.contended
     cpu.read(-5, 5.0)
     assert cpu.share is None and not cpu.contended
+    cpu.read(10**400, 6.0)  # past any 64-bit counter: not a reading
+    assert cpu.share is None and not cpu.contended
 
 
 @given(st.lists(st.tuples(st.one_of(st.none(), st.integers(-10, 2**63)),

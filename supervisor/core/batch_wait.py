@@ -21,8 +21,7 @@ workers a call's fixed cost:
   most jobs outstanding at once lately (not their mean, not spread over the workers) less
   those in a busy worker now (they cannot join), at most ``max_batch_size``, for as long
   as the arrival rate takes to bring them, bounded as above. Demo MLP, 32 clients
-  sharing 2 cores with the server: batches of ~31 rows instead of ~6, ~25 % less server
-  CPU per request.
+  sharing 2 cores with the server: batches of ~31 rows instead of ~6 (docs/performance.md).
 
 Measured per model: arrivals (rows per second, smoothed over ``WINDOW`` windows), jobs
 outstanding at each arrival (smoothed), and each batch's time from dispatch to its answer
@@ -165,10 +164,13 @@ class BatchWait:
         are answered), at most ``most``, as long as they take to arrive and never longer
         than CALLS calls (jobs that pile up during a wait raise the peak, and an open-loop
         load at 3,000 jobs/s waited out the 20 ms bound without it)."""
+        if most <= 1:
+            return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
+                            f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
         rows = max(1, min(most, self.peak - in_workers))
         if rows <= 1:
             return Decision(0.0, f"no wait: up to {self.peak} jobs outstanding at once "
-                            f"lately, {in_workers} of them in a worker now")
+                            f"lately, as many or more in a worker now ({in_workers})")
         wait = min((rows - 1) / self.rate, CALLS * costs.call(rows), MAX_WAIT)
         return Decision(wait, f"waiting for ~{rows} rows, the cores being contended: up to "
                         f"{self.peak} jobs outstanding at once lately, {in_workers} in a "

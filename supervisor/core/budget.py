@@ -377,12 +377,11 @@ def serving_growth(workers: Iterable[WorkerHandle], poll_interval: float) -> flo
     workers in rotation, added up (a worker out of rotation runs at most the jobs it holds;
     one still loading is budgeted as such, ``still_loading``). A worker too fresh for a
     rate of its own counts at the median rate of its model's serving workers that have
-    one (the lower median: one leaking worker among flat ones is not the model's rate),
-    and no more fresh workers count than measured ones (a scale-up spreads the same
-    traffic over more workers): the replacement of a leaking worker runs the same code on
-    the same traffic and grows from its first job, a poll or two before its own samples
-    show it (counted at 0, a recycle under a fast leak left the other workers a third
-    less headroom than they took)."""
+    one (the lower median: one leaking worker among flat ones is not the model's rate):
+    the replacement of a leaking worker runs the same code on the same traffic and grows
+    from its first job, a poll or two before its own samples show it (counted at 0, a
+    recycle under a fast leak left the other workers a third less headroom than they
+    took). After a scale-up this overcounts for those polls, on the safe side."""
     measured: dict[str, list[float]] = {}
     fresh: dict[str, int] = {}
     for worker in workers:
@@ -395,9 +394,8 @@ def serving_growth(workers: Iterable[WorkerHandle], poll_interval: float) -> flo
             measured.setdefault(worker.model, []).append(rate)
     total = sum(sum(rates) for rates in measured.values())
     for model, count in fresh.items():
-        rates = measured.get(model, [])
-        if rates:
-            total += min(count, len(rates)) * median_low(rates)
+        if measured.get(model):
+            total += count * median_low(measured[model])
     return total
 
 

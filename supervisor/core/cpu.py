@@ -30,7 +30,7 @@ class CpuPressure:
 
     def read(self, total_us: int | None, now: float) -> None:
         """The ``some`` total (microseconds) read at ``now``; None: it could not be read."""
-        if total_us is None or not isinstance(total_us, int) or total_us < 0:
+        if total_us is None or not isinstance(total_us, int) or not 0 <= total_us < 2**64:
             self.share, self.contended, self._last = None, False, None
             return
         last, self._last = self._last, (now, total_us)
