@@ -147,34 +147,27 @@ class BatchWait:
             worth = max_batch_size
         else:
             worth = math.ceil(costs.per_call / (SHARE * costs.per_row))
+        most = min(worth, max_batch_size)
         if contended:
-            return self._contended(min(worth, max_batch_size), in_workers, costs)
-        rows = max(1, min(worth, math.ceil(self.outstanding / workers), max_batch_size))
+            # The most outstanding at once lately, less those in a worker now: they cannot
+            # join, their clients come back only once they are answered.
+            rows = min(most, self.peak - in_workers)
+            why = (f", the cores being contended: up to {self.peak} jobs outstanding at once "
+                   f"lately, {in_workers} in a worker now")
+            if most > 1 and rows <= 1:
+                return Decision(0.0, f"no wait: up to {self.peak} jobs outstanding at once "
+                                f"lately, as many or more in a worker now ({in_workers})")
+        else:
+            rows = min(most, math.ceil(self.outstanding / workers))
+            why = f": {self.outstanding:.1f} jobs outstanding for {workers} workers"
         if rows <= 1:
             return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
                             f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
+        # Bounded by CALLS calls under contention too: jobs that pile up during a wait raise
+        # the peak, and an open-loop load at 3,000 jobs/s waited out the 20 ms bound without.
         wait = min((rows - 1) / self.rate, CALLS * costs.call(rows), MAX_WAIT)
-        return Decision(wait, f"waiting for ~{rows} rows: {self.outstanding:.1f} jobs "
-                        f"outstanding for {workers} workers, {self.rate:.0f} rows/s arriving, "
-                        f"{_costs(costs)}")
-
-    def _contended(self, most: int, in_workers: int, costs: Costs) -> Decision:
-        """The cores are contended: wait for the most jobs outstanding at once lately, less
-        those in a worker now (they cannot join; their clients come back only once they
-        are answered), at most ``most``, as long as they take to arrive and never longer
-        than CALLS calls (jobs that pile up during a wait raise the peak, and an open-loop
-        load at 3,000 jobs/s waited out the 20 ms bound without it)."""
-        if most <= 1:
-            return Decision(0.0, f"no wait: a call's fixed cost ({costs.per_call * 1e3:.2f} "
-                            f"ms) is small beside a row's ({costs.per_row * 1e3:.2f} ms)")
-        rows = max(1, min(most, self.peak - in_workers))
-        if rows <= 1:
-            return Decision(0.0, f"no wait: up to {self.peak} jobs outstanding at once "
-                            f"lately, as many or more in a worker now ({in_workers})")
-        wait = min((rows - 1) / self.rate, CALLS * costs.call(rows), MAX_WAIT)
-        return Decision(wait, f"waiting for ~{rows} rows, the cores being contended: up to "
-                        f"{self.peak} jobs outstanding at once lately, {in_workers} in a "
-                        f"worker now, {self.rate:.0f} rows/s arriving, {_costs(costs)}")
+        return Decision(wait, f"waiting for ~{rows} rows{why}, {self.rate:.0f} rows/s "
+                        f"arriving, {_costs(costs)}")
 
 
 def _costs(costs: Costs) -> str:

@@ -41,7 +41,5 @@ class CpuPressure:
             return
         share = (total_us - last[1]) / 1e6 / (now - last[0])
         self.share = min(1.0, share) if math.isfinite(share) else None
-        if self.share is None:
-            self.contended = False
-        else:
-            self.contended = self.share >= (RELEASE if self.contended else CONTENDED)
+        self.contended = self.share is not None and \
+            self.share >= (RELEASE if self.contended else CONTENDED)

@@ -158,9 +158,11 @@ class Router:
         if not idle:
             return 0
         if policy.adaptive:
-            in_workers = sum(len(self.held.get(wid, ())) for wid, _ in ready)
+            contended = self.cpu.contended
+            in_workers = sum(len(self.held.get(wid, ())) for wid, _ in ready) \
+                if contended else 0
             decision = self.waits.setdefault(model, BatchWait()).decide(
-                len(ready), policy.max_batch_size, now, self.cpu.contended, in_workers)
+                len(ready), policy.max_batch_size, now, contended, in_workers)
             self.wait_decisions[model] = decision
             policy = replace(policy, timeout=decision.seconds)
         sent = 0
